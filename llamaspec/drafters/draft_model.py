@@ -1,0 +1,61 @@
+"""A smaller GGUF model with the target's vocabulary drafts autoregressively."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..model import Model
+from ..sampling import Sampler
+from . import Draft, common_prefix_len
+
+
+class DraftModelDrafter:
+    """Drafts with its own Model; its KV cache follows the context by common prefix.
+
+    Syncing by prefix covers every case without bookkeeping: after a rejection the cache
+    holds drafted tokens the target refused (cut back), and when all k were accepted the
+    last draft token was never evaluated by the draft (it is decoded with the bonus token).
+    """
+
+    def __init__(self, model: Model, min_top_prob: float = 0.0):
+        self.model = model
+        self.min_top_prob = min_top_prob  # stop drafting when the draft itself is unsure
+
+    def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
+        if max_k <= 0:
+            return Draft()
+        model = self.model
+        # Keep at least one token to evaluate: we need the logits after the context.
+        n_keep = min(common_prefix_len(model.tokens, context), len(context) - 1)
+        model.rollback(n_keep)
+        logits = model.eval(context[n_keep:])[-1]
+        history = list(context)
+        probs: list[np.ndarray] = []
+        for i in range(max_k):
+            if sampler.greedy:
+                token = sampler.argmax(logits, history)
+            else:
+                q = sampler.probs(logits, history)
+                token = sampler.sample(q)
+                probs.append(q)
+            history.append(token)
+            if i == max_k - 1 or model.is_eog(token) or self._unsure(logits, token, sampler, probs):
+                break
+            logits = model.eval([token])[-1]
+        return Draft(history[len(context):], probs if probs else None)
+
+    def _unsure(self, logits: np.ndarray, token: int, sampler: Sampler, probs: list[np.ndarray]) -> bool:
+        if self.min_top_prob <= 0.0:
+            return False
+        if probs:
+            return float(probs[-1][token]) < self.min_top_prob
+        top = float(logits[token])
+        return 1.0 / float(np.exp(np.asarray(logits, dtype=np.float64) - top).sum()) < self.min_top_prob
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.model.close()

@@ -1,0 +1,189 @@
+"""The speculative decoding loop, and plain decoding as the same loop with no drafter.
+
+Invariant at the top of every step: the target's KV cache holds `context[:-1]`, and
+`context[-1]` is the newest token, not yet evaluated. A step evaluates
+`[context[-1], d1..dk]` in ONE batch with logits on every row, keeps the agreeing prefix
+plus one token of the target's own, and cuts the rejected tail from the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+
+from .drafters import Draft, Drafter, common_prefix_len
+from .errors import ContextFullError, LlamaSpecError
+from .sampling import Sampler
+from .verify import VerifyMode, verify_greedy, verify_match, verify_rejection
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+@dataclass
+class GenerationStats:
+    """What one generation did and where its time went (seconds)."""
+
+    mode: str = "plain"
+    k: int | str = 0
+    verify: str = "greedy"
+    n_prompt: int = 0
+    n_prompt_evaluated: int = 0  # prompt tokens actually decoded (the rest came from the KV cache)
+    n_generated: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_steps: int = 0
+    accept_histogram: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    step_s: float = 0.0  # all time inside steps: draft + verify + Python overhead
+    stop_reason: str = ""
+
+    def record_step(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, step_s: float) -> None:
+        self.n_steps += 1
+        self.n_drafted += n_drafted
+        self.n_accepted += n_accepted
+        if len(self.accept_histogram) <= n_accepted:
+            self.accept_histogram.extend([0] * (n_accepted + 1 - len(self.accept_histogram)))
+        self.accept_histogram[n_accepted] += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.step_s += step_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens over generation time (prompt processing excluded, as llama.cpp reports)."""
+        return self.n_generated / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return max(self.step_s - self.draft_s - self.verify_s, 0.0)
+
+    def to_dict(self) -> dict:
+        steps = max(self.n_steps, 1)
+        return {
+            "mode": self.mode,
+            "k": self.k,
+            "verify": self.verify,
+            "n_prompt": self.n_prompt,
+            "n_prompt_evaluated": self.n_prompt_evaluated,
+            "n_generated": self.n_generated,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "n_steps": self.n_steps,
+            "mean_accepted_per_step": round(self.n_accepted / steps, 3),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "accept_histogram": list(self.accept_histogram),
+            "time_s": {
+                "prefill": round(self.prefill_s, 4),
+                "draft": round(self.draft_s, 4),
+                "verify": round(self.verify_s, 4),
+                "overhead": round(self.overhead_s, 4),
+                "total": round(self.step_s, 4),
+            },
+            "overhead_ms_per_step": round(1000 * self.overhead_s / steps, 3),
+            "stop_reason": self.stop_reason,
+        }
+
+
+def prefill(target: Model, context: Sequence[int]) -> int:
+    """Bring the target's cache to `context[:-1]`, reusing any common prefix already there
+    (a chat's earlier turns). Returns how many tokens were decoded."""
+    if not context:
+        raise LlamaSpecError("the prompt is empty")
+    if len(context) > target.n_ctx:
+        raise ContextFullError(
+            f"the prompt has {len(context)} tokens but the context holds {target.n_ctx}; "
+            "shorten it or raise --ctx"
+        )
+    n_keep = min(common_prefix_len(target.tokens, context), len(context) - 1)
+    target.rollback(n_keep)
+    if n_keep < len(context) - 1:
+        target.eval(context[n_keep:-1])
+    return len(context) - 1 - n_keep
+
+
+def _target_choice(
+    draft: Draft, rows: np.ndarray, context: list[int], sampler: Sampler, verify: VerifyMode
+) -> tuple[int, int]:
+    def history(i: int) -> list[int]:
+        return context + draft.tokens[:i]
+
+    if sampler.greedy:
+        if sampler.params.repeat_penalty == 1.0:
+            choices = rows.argmax(axis=1).tolist()  # one C call, no probability vectors
+        else:
+            choices = [sampler.argmax(rows[i], history(i)) for i in range(len(rows))]
+        return verify_greedy(draft.tokens, choices)
+
+    def target_probs(i: int) -> np.ndarray:
+        return sampler.probs(rows[i], history(i))
+
+    if verify == "match":
+        return verify_match(draft.tokens, target_probs, sampler.sample)
+    return verify_rejection(draft.tokens, draft.probs, target_probs, sampler.uniform, sampler.sample)
+
+
+def generate_tokens(
+    target: Model,
+    prompt: Sequence[int],
+    *,
+    drafter: Drafter | None = None,
+    k: int = 4,
+    max_tokens: int = 256,
+    sampler: Sampler | None = None,
+    verify: VerifyMode = "rejection",
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """Yield generated token ids; without a drafter this is plain decoding (one token a step).
+
+    Stops at any end-of-generation token (not yielded), after `max_tokens`, or when the
+    context is full. `stats` is filled in as it goes.
+    """
+    if k <= 0 and drafter is not None:
+        raise LlamaSpecError(f"k must be at least 1 with a drafter, got {k}")
+    if max_tokens < 0:
+        raise LlamaSpecError(f"max tokens must be >= 0, got {max_tokens}")
+    sampler = sampler or Sampler()
+    stats = stats if stats is not None else GenerationStats()
+    context = list(prompt)
+    stats.n_prompt = len(context)
+    started = time.perf_counter()
+    stats.n_prompt_evaluated = prefill(target, context)
+    stats.prefill_s = time.perf_counter() - started
+    stats.stop_reason = "max_tokens"
+    while stats.n_generated < max_tokens:
+        room = target.n_ctx - len(context)  # draft tokens that still fit after context[-1]
+        if room < 0:
+            stats.stop_reason = "context_full"
+            return
+        t_start = time.perf_counter()
+        k_step = min(k, room, max_tokens - stats.n_generated - 1) if drafter else 0
+        draft = drafter.propose(context, k_step, sampler) if k_step > 0 else Draft()
+        t_drafted = time.perf_counter()
+        rows = target.eval([context[-1], *draft.tokens], all_logits=True)
+        t_verified = time.perf_counter()
+        n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
+        target.rollback(len(context) + n_accepted)
+        if drafter:
+            drafter.observe(len(draft.tokens), n_accepted)
+        stats.record_step(len(draft.tokens), n_accepted, t_drafted - t_start, t_verified - t_drafted,
+                          time.perf_counter() - t_start)
+        for token in [*draft.tokens[:n_accepted], next_token]:
+            if target.is_eog(token):
+                stats.stop_reason = "eog"
+                return
+            context.append(token)
+            stats.n_generated += 1
+            yield token
+            if stats.n_generated >= max_tokens:
+                return
