@@ -17,9 +17,9 @@ import typer
 from . import models as registry
 from .errors import LlamaSpecError
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Speculative decoding for llama.cpp GGUF models.")
-models_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Default models: list, fetch, locate.")
+models_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Default models: list, fetch, locate.")
 app.add_typer(models_app, name="models")
 
 F = TypeVar("F", bound=Callable[..., Any])

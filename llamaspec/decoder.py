@@ -19,7 +19,7 @@ from .drafters.draft_model import DraftModelDrafter
 from .errors import LlamaSpecError
 from .model import Model, ModelOptions
 from .sampling import Sampler, SamplingParams
-from .speculative import GenerationStats, generate_tokens
+from .speculative import GenerationStats, Trace, generate_tokens
 from .text import TextStream
 from .verify import VerifyMode
 
@@ -87,6 +87,7 @@ class SpeculativeDecoder:
         sampling: SamplingParams = SamplingParams(),
         speculative: bool = True,
         chat: bool = False,
+        trace: Trace | None = None,
     ) -> Iterator[int]:
         """Yield token ids; `self.stats` describes this generation while and after it runs."""
         drafter = self.drafter if speculative else None
@@ -98,6 +99,7 @@ class SpeculativeDecoder:
         return generate_tokens(
             self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=self.k,
             max_tokens=max_tokens, sampler=Sampler(sampling), verify=self.verify, stats=self.stats,
+            trace=trace,
         )
 
     def stream(self, prompt: str | Sequence[int], **options: object) -> Iterator[str]:

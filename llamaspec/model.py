@@ -135,13 +135,15 @@ class Model:
         self._batch = _ll.llama_batch_init(options.n_batch, 0, 1)
         self.n_vocab: int = _ll.llama_vocab_n_tokens(self._vocab)
         self.n_ctx: int = _ll.llama_n_ctx(self._ctx)
+        self.n_batch: int = _ll.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.needs_state_rollback = bool(
             _ll.llama_model_is_recurrent(self._model) or _ll.llama_model_is_hybrid(self._model)
         )
 
     @staticmethod
     def _last_error() -> str:
-        return _recent_errors[-1] if _recent_errors else "no reason given (set LLAMASPEC_LOG=1 to see its log)"
+        # The first error of a failure names the cause; later ones only say that it failed.
+        return _recent_errors[0] if _recent_errors else "no reason given (set LLAMASPEC_LOG=1 to see its log)"
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
@@ -271,7 +273,7 @@ class Model:
             )
         if self.needs_state_rollback:
             self._snapshot()
-        n_batch = self.options.n_batch
+        n_batch = self.n_batch
         chunks: list[np.ndarray] = []
         for start in range(0, len(tokens), n_batch):
             chunk = tokens[start : start + n_batch]

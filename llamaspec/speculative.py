@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -95,6 +95,22 @@ class GenerationStats:
         }
 
 
+@dataclass
+class StepTrace:
+    """One verify step, for --trace and for tests: the batch the target evaluated at
+    positions `position..position+k`, and what became of it. `rows` is a view into
+    llama.cpp's logits, valid only during the callback."""
+
+    position: int
+    evaluated: list[int]
+    n_accepted: int
+    next_token: int
+    rows: np.ndarray
+
+
+Trace = Callable[[StepTrace], None]
+
+
 def prefill(target: Model, context: Sequence[int]) -> int:
     """Bring the target's cache to `context[:-1]`, reusing any common prefix already there
     (a chat's earlier turns). Returns how many tokens were decoded."""
@@ -143,6 +159,7 @@ def generate_tokens(
     sampler: Sampler | None = None,
     verify: VerifyMode = "rejection",
     stats: GenerationStats | None = None,
+    trace: Trace | None = None,
 ) -> Iterator[int]:
     """Yield generated token ids; without a drafter this is plain decoding (one token a step).
 
@@ -170,9 +187,12 @@ def generate_tokens(
         k_step = min(k, room, max_tokens - stats.n_generated - 1) if drafter else 0
         draft = drafter.propose(context, k_step, sampler) if k_step > 0 else Draft()
         t_drafted = time.perf_counter()
-        rows = target.eval([context[-1], *draft.tokens], all_logits=True)
+        evaluated = [context[-1], *draft.tokens]
+        rows = target.eval(evaluated, all_logits=True)
         t_verified = time.perf_counter()
         n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
+        if trace:
+            trace(StepTrace(len(context) - 1, evaluated, n_accepted, next_token, rows))
         target.rollback(len(context) + n_accepted)
         if drafter:
             drafter.observe(len(draft.tokens), n_accepted)

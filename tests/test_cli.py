@@ -1,0 +1,88 @@
+"""The command line: JSON output, and one clear error line for every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+PROMPT = "Once upon a time"
+
+
+def assert_clean_failure(result, expected: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    assert expected in result.stderr, result.stderr
+
+
+def test_generate_json_speculative(stories, truncated_draft):
+    result = run_cli("generate", PROMPT, "--target", stories, "--draft", truncated_draft,
+                     "--k", "4", "--max-tokens", "32", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) == {"text", "tokens", "stats"}
+    stats = out["stats"]
+    for key in ("mode", "k", "n_drafted", "n_accepted", "acceptance_rate", "n_steps",
+                "tokens_per_second", "accept_histogram"):
+        assert key in stats
+    assert stats["mode"] == "speculative" and stats["k"] == 4
+    assert len(out["tokens"]) == 32 and sum(stats["accept_histogram"]) == stats["n_steps"]
+    plain = json.loads(run_cli("generate", PROMPT, "--target", stories, "--max-tokens", "32", "--json").stdout)
+    assert plain["stats"]["mode"] == "plain" and plain["tokens"] == out["tokens"] and plain["text"] == out["text"]
+
+
+def test_generate_streams_text(stories):
+    result = run_cli("generate", PROMPT, "--target", stories, "--max-tokens", "16")
+    assert result.returncode == 0 and result.stdout.strip()
+    assert "tok/s" in result.stderr
+
+
+def test_missing_file():
+    assert_clean_failure(run_cli("generate", PROMPT, "--target", "/nonexistent/model.gguf"), "not found")
+
+
+def test_not_a_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("hello")
+    assert_clean_failure(run_cli("generate", PROMPT, "--target", bad), "not a GGUF file")
+
+
+def test_truncated_gguf(stories, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(stories.read_bytes()[:600_000])
+    assert_clean_failure(run_cli("generate", PROMPT, "--target", cut), "could not load")
+
+
+def test_vocab_mismatch(stories, tiny_random):
+    assert_clean_failure(run_cli("generate", PROMPT, "--target", stories, "--draft", tiny_random),
+                         "vocabulary sizes differ")
+
+
+@pytest.mark.parametrize("k", ["0", "-2"])
+def test_bad_k(stories, k):
+    assert_clean_failure(run_cli("generate", PROMPT, "--target", stories, "--draft", stories, "--k", k), "--k")
+
+
+def test_prompt_longer_than_context(stories):
+    assert_clean_failure(run_cli("generate", "Once upon a time " * 200, "--target", stories, "--ctx", "256"),
+                         "context")
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--top-k", "-3"], "top-k"),
+    (["--flash-attn", "maybe"], "Invalid value"),
+    (["--verify", "sometimes"], "Invalid value"),
+    (["--threads", "0"], "threads"),
+])
+def test_bad_flag_values(stories, flags, expected):
+    assert_clean_failure(run_cli("generate", PROMPT, "--target", stories, *flags), expected)
+
+
+def test_models_list_and_unknown_name():
+    result = run_cli("models", "list")
+    assert result.returncode == 0 and "qwen2.5-coder-1.5b" in result.stdout
+    assert_clean_failure(run_cli("models", "path", "no-such-model"), "unknown model")
+    assert_clean_failure(run_cli("models", "fetch", "no-such-model"), "unknown model")

@@ -1,0 +1,121 @@
+"""The loop's bookkeeping against a scripted fake target: numpy only, no llama.cpp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamaspec.drafters import Draft
+from llamaspec.errors import ContextFullError, LlamaSpecError
+from llamaspec.speculative import GenerationStats, generate_tokens
+
+EOS = 0
+VOCAB = 16
+
+
+class ScriptedTarget:
+    """Greedy target whose next token after position i is script[i+1]; token 0 is EOS."""
+
+    def __init__(self, script: list[int], n_ctx: int = 64):
+        self.script = script
+        self.n_ctx = n_ctx
+        self.tokens: list[int] = []
+        self.batch_sizes: list[int] = []
+
+    def eval(self, tokens, all_logits=False):
+        assert len(self.tokens) + len(tokens) <= self.n_ctx
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        self.batch_sizes.append(len(tokens))
+        rows = np.zeros((len(tokens), VOCAB), dtype=np.float32)
+        for i in range(len(tokens)):
+            rows[i, self.script[start + i + 1]] = 1.0
+        return rows if all_logits else rows[-1:]
+
+    def rollback(self, n_keep):
+        assert 0 <= n_keep <= len(self.tokens)
+        del self.tokens[n_keep:]
+
+    def is_eog(self, token):
+        return token == EOS
+
+
+class ListDrafter:
+    """Proposes the given guesses for the continuation, position by position."""
+
+    def __init__(self, guesses: list[int]):
+        self.guesses = guesses
+        self.observed: list[tuple[int, int]] = []
+
+    def propose(self, context, max_k, sampler):
+        return Draft(self.guesses[len(context): len(context) + max_k])
+
+    def observe(self, n_drafted, n_accepted):
+        self.observed.append((n_drafted, n_accepted))
+
+    def close(self):
+        pass
+
+
+PROMPT = [5, 6, 7]
+SCRIPT = PROMPT + [8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15] * 3
+
+
+def test_perfect_draft_emits_k_plus_one_per_step():
+    target = ScriptedTarget(SCRIPT)
+    stats = GenerationStats()
+    out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(SCRIPT), k=3, max_tokens=12, stats=stats))
+    assert out == SCRIPT[3:15]
+    assert stats.n_steps == 3 and stats.accept_histogram == [0, 0, 0, 3]
+    assert target.batch_sizes == [2, 4, 4, 4]  # prefill, then [last, d1, d2, d3] each step
+
+
+def test_wrong_draft_still_gives_target_tokens_and_rolls_back():
+    guesses = [t if i % 3 else 1 for i, t in enumerate(SCRIPT)]  # every third guess wrong
+    target = ScriptedTarget(SCRIPT)
+    stats = GenerationStats()
+    out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(guesses), k=4, max_tokens=20, stats=stats))
+    assert out == SCRIPT[3:23]
+    assert 0 < stats.acceptance_rate < 1
+    assert target.tokens == SCRIPT[: len(target.tokens)]  # the cache never keeps a rejected token
+
+
+def test_eos_inside_accepted_draft_stops_without_emitting_it():
+    script = PROMPT + [8, 9, EOS, 10, 11, 12]
+    target = ScriptedTarget(script)
+    stats = GenerationStats()
+    out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(script), k=4, max_tokens=10, stats=stats))
+    assert out == [8, 9]
+    assert stats.stop_reason == "eog"
+
+
+def test_max_tokens_trims_the_last_step():
+    target = ScriptedTarget(SCRIPT)
+    drafter = ListDrafter(SCRIPT)
+    out = list(generate_tokens(target, PROMPT, drafter=drafter, k=4, max_tokens=7))
+    assert out == SCRIPT[3:10]
+    assert drafter.observed == [(4, 4), (1, 1)]  # no drafting past the limit
+
+
+def test_context_full():
+    target = ScriptedTarget(SCRIPT, n_ctx=10)
+    stats = GenerationStats()
+    out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(SCRIPT), k=4, max_tokens=50, stats=stats))
+    assert out == SCRIPT[3:11] and stats.stop_reason == "context_full"
+
+
+def test_plain_is_one_token_per_step():
+    target = ScriptedTarget(SCRIPT)
+    out = list(generate_tokens(target, PROMPT, max_tokens=5))
+    assert out == SCRIPT[3:8] and target.batch_sizes == [2, 1, 1, 1, 1, 1]
+
+
+def test_bad_arguments():
+    with pytest.raises(LlamaSpecError):
+        list(generate_tokens(ScriptedTarget(SCRIPT), PROMPT, drafter=ListDrafter(SCRIPT), k=0))
+    with pytest.raises(LlamaSpecError):
+        list(generate_tokens(ScriptedTarget(SCRIPT), PROMPT, max_tokens=-1))
+    with pytest.raises(ContextFullError):
+        list(generate_tokens(ScriptedTarget(SCRIPT, n_ctx=2), PROMPT))
+    with pytest.raises(LlamaSpecError):
+        list(generate_tokens(ScriptedTarget(SCRIPT), []))
