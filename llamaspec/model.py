@@ -359,3 +359,35 @@ class Model:
         del self.tokens[n_saved:]
         if replay:
             self.eval(replay)
+
+
+QUANT_TYPES = {
+    "f16": _ll.LLAMA_FTYPE_MOSTLY_F16,
+    "q8_0": _ll.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q4_0": _ll.LLAMA_FTYPE_MOSTLY_Q4_0,
+}
+
+
+def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str], quant_type: str,
+             n_threads: int = 2) -> Path:
+    """Re-quantize a GGUF (llama_model_quantize with allow_requantize): a cheaper draft
+    (Q4_0) or a bandwidth-heavy "big target" profile (F16). Written to a temporary name
+    and renamed, so an interrupted run leaves nothing that looks complete."""
+    _init_backend()
+    if quant_type not in QUANT_TYPES:
+        raise LlamaSpecError(f"unknown quantization {quant_type!r}; choose from {', '.join(QUANT_TYPES)}")
+    source, destination = Path(source), Path(destination)
+    _check_gguf_file(source)
+    partial = destination.with_name(destination.name + ".partial")
+    params = _ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[quant_type]
+    params.allow_requantize = True
+    params.nthread = n_threads
+    _recent_errors.clear()
+    try:
+        if _ll.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+            raise ModelLoadError(f"quantizing {source} failed: {Model._last_error()}")
+        partial.replace(destination)
+    finally:
+        partial.unlink(missing_ok=True)
+    return destination
