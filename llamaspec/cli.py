@@ -54,6 +54,12 @@ class FlashAttn(str, Enum):
     off = "off"
 
 
+class Drafter(str, Enum):
+    model = "model"
+    ngram = "ngram"
+    hybrid = "hybrid"
+
+
 class Verify(str, Enum):
     rejection = "rejection"
     match = "match"
@@ -97,11 +103,25 @@ def resolve_pair(target: Optional[str], draft: Optional[str]) -> tuple[Path, Opt
 # Options shared by the commands that load models.
 TargetOpt = typer.Option(None, "--target", help="Target GGUF path or registered model name.")
 DraftOpt = typer.Option(None, "--draft", help="Draft GGUF path or registered model name.")
-KOpt = typer.Option(3, "--k", help="Tokens drafted per step.")
+KOpt = typer.Option("auto", "--k", help="Tokens drafted per step, or auto (cost-aware, per step).")
+DrafterOpt = typer.Option("model", "--drafter", help="model, ngram (prompt lookup) or hybrid.")
 ThreadsOpt = typer.Option(2, "--threads", help="CPU threads for both models.")
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")
 FlashOpt = typer.Option(FlashAttn.auto, "--flash-attn", help="Flash attention.")
+
+
+def parse_k(value: str) -> int | str:
+    """--k is a positive integer or 'auto'."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k <= 0:
+        raise LlamaSpecError(f"--k must be a positive integer or auto, got {value!r}")
+    return k
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
@@ -118,7 +138,8 @@ def generate(
     prompt: str = typer.Argument(..., help="Prompt text."),
     target: Optional[str] = TargetOpt,
     draft: Optional[str] = DraftOpt,
-    k: int = KOpt,
+    k: str = KOpt,
+    drafter: Drafter = DrafterOpt,
     max_tokens: int = typer.Option(256, "--max-tokens", help="Most tokens to generate."),
     threads: int = ThreadsOpt,
     ctx: int = CtxOpt,
@@ -139,14 +160,14 @@ def generate(
     from .decoder import SpeculativeDecoder
     from .model import ModelOptions
 
-    if k <= 0:
-        raise LlamaSpecError(f"--k must be at least 1, got {k}")
+    k_value = parse_k(k)
     if max_tokens < 0:
         raise LlamaSpecError(f"--max-tokens must be >= 0, got {max_tokens}")
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value)
     target_path, draft_path = resolve_pair(target, draft)
-    with SpeculativeDecoder(target_path, draft_path, k=k, options=options, verify=verify.value) as decoder:
+    with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
+                            verify=verify.value) as decoder:
         use_chat = decoder.chat_format.has_template if chat is None else chat
         tokens: list[int] = []
         if as_json:
@@ -162,6 +183,54 @@ def generate(
         stats = decoder.stats
         typer.echo(f"[{stats.mode}: {stats.n_generated} tokens, {stats.tokens_per_second:.2f} tok/s"
                    + (f", acceptance {stats.acceptance_rate:.2f}" if stats.n_drafted else "") + "]", err=True)
+
+
+@app.command()
+@friendly
+def bench(
+    target: Optional[str] = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL with id, category, prompt (default: shipped suite)."),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    k: str = KOpt,
+    drafter: Drafter = DrafterOpt,
+    category: Optional[list[str]] = typer.Option(None, "--category", help="Only these categories (repeatable)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N prompts."),
+    threads: int = ThreadsOpt,
+    ctx: int = CtxOpt,
+    gpu_layers: int = GpuOpt,
+    flash_attn: FlashAttn = FlashOpt,
+    min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Stop drafting below this draft probability."),
+    reference: bool = typer.Option(True, "--reference/--no-reference",
+                                   help="Also compare with llama-cpp-python's Llama greedy output."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report here."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: speedup per prompt, accept histogram."),
+) -> None:
+    """Plain vs speculative, alternating in one process over a prompt suite."""
+    from .bench import BenchConfig, load_prompts, plot, print_table, run_bench
+    from .model import ModelOptions
+
+    k_value = parse_k(k)
+    if max_tokens <= 0:
+        raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
+    selected = load_prompts(prompts, category, limit)
+    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value)
+    if drafter == Drafter.ngram:
+        target_path, draft_path = resolve_model(target or registry.DEFAULT_TARGET), None
+    else:
+        target_path, draft_path = resolve_pair(target, draft)
+    config = BenchConfig(target_path, draft_path, drafter.value, k_value, max_tokens, options, reference, min_draft_prob)
+
+    def progress(done: int, total: int, record: dict) -> None:
+        typer.echo(f"[{done}/{total}] {record['id']}: {record['speedup']:.2f}x, acceptance "
+                   f"{record['acceptance_rate']:.2f}, identical {record['identical']}", err=True)
+
+    report = run_bench(config, selected, progress)
+    print_table(report)
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=1))
+    if plot_out:
+        plot(report, plot_out)
 
 
 @models_app.command("list")

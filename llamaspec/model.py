@@ -391,3 +391,37 @@ def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str]
     finally:
         partial.unlink(missing_ok=True)
     return destination
+
+
+def reference_greedy(path: str | os.PathLike[str], options: ModelOptions):
+    """llama-cpp-python's high-level `Llama` as an independent plain greedy decoder.
+
+    Returns a function prompt_tokens, max_tokens -> generated token ids (stopping at an
+    end-of-generation token), and the Llama object to close. Bench compares against it so
+    that "identical to plain decoding" is checked against code that is not ours.
+    """
+    _init_backend()
+    llm = _ll.Llama(str(path), n_ctx=options.n_ctx, n_threads=options.n_threads,
+                    n_threads_batch=options.n_threads, n_batch=options.n_batch,
+                    n_gpu_layers=options.n_gpu_layers,
+                    flash_attn=options.flash_attn != "off",  # auto enables it on CPU
+                    verbose=False)
+
+    def generate(prompt: Sequence[int], max_tokens: int) -> list[int]:
+        out: list[int] = []
+        for token in llm.generate(list(prompt), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                  repeat_penalty=1.0, reset=True):
+            if _ll.llama_vocab_is_eog(llm._model.vocab, token):
+                break
+            out.append(int(token))
+            if len(out) >= max_tokens:
+                break
+        return out
+
+    return generate, llm
+
+
+def system_info() -> str:
+    """The CPU features llama.cpp was compiled with (AVX2 = 1, ...): the build, in one line."""
+    _init_backend()
+    return (_ll.llama_print_system_info() or b"").decode("utf-8", "replace").strip()

@@ -173,3 +173,21 @@ def sha256_file(path: Path) -> str:
         while block := f.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_cached(path: Path) -> str:
+    """sha256 of a model file, remembered by (path, size, mtime): hashing 1 GB takes seconds."""
+    import json
+
+    path = Path(path)
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}"
+    store = cache_dir().parent / "sha256.json"
+    known = json.loads(store.read_text()) if store.is_file() else {}
+    if key not in known:
+        known[key] = sha256_file(path)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        partial = store.with_suffix(".partial")
+        partial.write_text(json.dumps(known, indent=1))
+        partial.replace(store)
+    return known[key]

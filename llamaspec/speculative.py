@@ -1,9 +1,10 @@
 """The speculative decoding loop, and plain decoding as the same loop with no drafter.
 
-Invariant at the top of every step: the target's KV cache holds `context[:-1]`, and
-`context[-1]` is the newest token, not yet evaluated. A step evaluates
+Invariant at the top of every step after the first: the target's KV cache holds
+`context[:-1]`, and `context[-1]` is the newest token, not yet evaluated. A step evaluates
 `[context[-1], d1..dk]` in ONE batch with logits on every row, keeps the agreeing prefix
-plus one token of the target's own, and cuts the rejected tail from the cache.
+plus one token of the target's own, and cuts the rejected tail from the cache. The first
+step already has the prompt's last row from prefill and evaluates only `d1..dk`.
 """
 
 from __future__ import annotations
@@ -111,9 +112,10 @@ class StepTrace:
 Trace = Callable[[StepTrace], None]
 
 
-def prefill(target: Model, context: Sequence[int]) -> int:
-    """Bring the target's cache to `context[:-1]`, reusing any common prefix already there
-    (a chat's earlier turns). Returns how many tokens were decoded."""
+def prefill(target: Model, context: Sequence[int]) -> tuple[int, np.ndarray]:
+    """Evaluate the prompt as llama.cpp does (one batch, logits for the last token), reusing
+    any prefix already cached (a chat's earlier turns). Returns how many tokens were
+    decoded and a copy of the last row: the first step's prediction for the next token."""
     if not context:
         raise LlamaSpecError("the prompt is empty")
     if len(context) > target.n_ctx:
@@ -123,9 +125,8 @@ def prefill(target: Model, context: Sequence[int]) -> int:
         )
     n_keep = min(common_prefix_len(target.tokens, context), len(context) - 1)
     target.rollback(n_keep)
-    if n_keep < len(context) - 1:
-        target.eval(context[n_keep:-1])
-    return len(context) - 1 - n_keep
+    last_row = target.eval(context[n_keep:])[-1:].copy()
+    return len(context) - n_keep, last_row
 
 
 def _target_choice(
@@ -175,7 +176,7 @@ def generate_tokens(
     context = list(prompt)
     stats.n_prompt = len(context)
     started = time.perf_counter()
-    stats.n_prompt_evaluated = prefill(target, context)
+    stats.n_prompt_evaluated, pending_row = prefill(target, context)
     stats.prefill_s = time.perf_counter() - started
     stats.stop_reason = "max_tokens"
     while stats.n_generated < max_tokens:
@@ -188,7 +189,12 @@ def generate_tokens(
         draft = drafter.propose(context, k_step, sampler) if k_step > 0 else Draft()
         t_drafted = time.perf_counter()
         evaluated = [context[-1], *draft.tokens]
-        rows = target.eval(evaluated, all_logits=True)
+        if pending_row is None:
+            rows = target.eval(evaluated, all_logits=True)
+        else:  # first step: row 0 came with the prompt
+            rows = np.concatenate([pending_row, target.eval(draft.tokens, all_logits=True)]) \
+                if draft.tokens else pending_row
+            pending_row = None
         t_verified = time.perf_counter()
         n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
         if trace:

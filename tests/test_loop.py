@@ -67,7 +67,7 @@ def test_perfect_draft_emits_k_plus_one_per_step():
     out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(SCRIPT), k=3, max_tokens=12, stats=stats))
     assert out == SCRIPT[3:15]
     assert stats.n_steps == 3 and stats.accept_histogram == [0, 0, 0, 3]
-    assert target.batch_sizes == [2, 4, 4, 4]  # prefill, then [last, d1, d2, d3] each step
+    assert target.batch_sizes == [3, 3, 4, 4]  # prompt, then d1..d3, then [last, d1, d2, d3]
 
 
 def test_wrong_draft_still_gives_target_tokens_and_rolls_back():
@@ -107,7 +107,7 @@ def test_context_full():
 def test_plain_is_one_token_per_step():
     target = ScriptedTarget(SCRIPT)
     out = list(generate_tokens(target, PROMPT, max_tokens=5))
-    assert out == SCRIPT[3:8] and target.batch_sizes == [2, 1, 1, 1, 1, 1]
+    assert out == SCRIPT[3:8] and target.batch_sizes == [3, 1, 1, 1, 1]
 
 
 def test_bad_arguments():

@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..model import Model
+from ..policy import AdaptiveK
 from ..sampling import Sampler
 from . import Draft, common_prefix_len
 
@@ -19,11 +20,14 @@ class DraftModelDrafter:
     last draft token was never evaluated by the draft (it is decoded with the bonus token).
     """
 
-    def __init__(self, model: Model, min_top_prob: float = 0.0):
+    def __init__(self, model: Model, min_top_prob: float = 0.0, policy: AdaptiveK | None = None):
         self.model = model
         self.min_top_prob = min_top_prob  # stop drafting when the draft itself is unsure
+        self.policy = policy
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
+        if self.policy is not None:
+            max_k = self.policy.choose(max_k)
         if max_k <= 0:
             return Draft()
         model = self.model
@@ -55,7 +59,8 @@ class DraftModelDrafter:
         return 1.0 / float(np.exp(np.asarray(logits, dtype=np.float64) - top).sum()) < self.min_top_prob
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        pass
+        if self.policy is not None and n_drafted:
+            self.policy.update(n_drafted, n_accepted)
 
     def close(self) -> None:
         self.model.close()

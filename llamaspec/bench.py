@@ -1,0 +1,237 @@
+"""Plain vs speculative decoding side by side in one process, over a prompt suite.
+
+Per prompt the two modes alternate (plain first on even prompts, speculative first on odd
+ones) on the same loaded target, after a warm-up, so drift on a shared machine hits both.
+Each output is also compared token by token with plain decoding and with llama-cpp-python's
+own `Llama` greedy decoder. The target's batched throughput at the verify size used (a
+perfect, free drafter) gives the physical limit, reported as speculative / oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from . import __version__
+from .calibrate import eval_costs
+from .decoder import K_MAX, SpeculativeDecoder
+from .errors import LlamaSpecError
+from .model import ModelOptions, reference_greedy, system_info
+from .models import sha256_cached
+from .policy import CostModel
+
+
+@dataclass
+class BenchConfig:
+    target: Path
+    draft: Path | None
+    drafter: str = "model"
+    k: int | str = "auto"
+    max_tokens: int = 128
+    options: ModelOptions = field(default_factory=ModelOptions)
+    reference: bool = True
+    min_draft_prob: float = 0.0
+
+
+def load_prompts(path: Path | None = None, categories: list[str] | None = None,
+                 limit: int | None = None) -> list[dict]:
+    """JSON lines with id, category, prompt; the shipped suite when path is None."""
+    if path is None:
+        text = resources.files("llamaspec").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
+        where = "the shipped prompt suite"
+    else:
+        if not path.is_file():
+            raise LlamaSpecError(f"prompts file not found: {path}")
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LlamaSpecError(f"{where}, line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("id", "category", "prompt")):
+            raise LlamaSpecError(f"{where}, line {number}: needs string fields id, category and prompt")
+        if not categories or item["category"] in categories:
+            prompts.append(item)
+    if not prompts:
+        raise LlamaSpecError(f"no prompts selected from {where}")
+    return prompts[:limit] if limit else prompts
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token, or None when the sequences are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3) if values else 0.0
+
+
+def _summary(records: list[dict]) -> dict:
+    by_category: dict[str, list[dict]] = {}
+    for record in records:
+        by_category.setdefault(record["category"], []).append(record)
+
+    def block(items: list[dict]) -> dict:
+        return {
+            "n_prompts": len(items),
+            "median_speedup": _median([r["speedup"] for r in items]),
+            "median_plain_tps": _median([r["plain_tps"] for r in items]),
+            "median_speculative_tps": _median([r["speculative_tps"] for r in items]),
+            "median_acceptance": _median([r["acceptance_rate"] for r in items]),
+            "median_speculative_over_oracle": _median([r["speculative_over_oracle"] for r in items]),
+            "identical": sum(r["identical"] for r in items),
+        }
+
+    histogram: list[int] = []
+    for record in records:
+        for n, count in enumerate(record["speculative"]["accept_histogram"]):
+            histogram.extend([0] * (n + 1 - len(histogram)))
+            histogram[n] += count
+    return {
+        "overall": block(records),
+        "by_category": {name: block(items) for name, items in sorted(by_category.items())},
+        "accept_histogram": histogram,
+        "divergences": [
+            {"id": r["id"], "vs_plain": r["first_divergence"], "vs_reference": r["reference_first_divergence"]}
+            for r in records if r["first_divergence"] is not None or r["reference_first_divergence"] is not None
+        ],
+    }
+
+
+def run_bench(config: BenchConfig, prompts: list[dict],
+              progress: Callable[[int, int, dict], None] | None = None) -> dict:
+    """Run the suite; returns the JSON-ready report (meta, per-prompt records, summary)."""
+    options = config.options
+    with SpeculativeDecoder(config.target, config.draft, k=config.k, drafter=config.drafter,  # type: ignore[arg-type]
+                            options=options, min_draft_prob=config.min_draft_prob) as decoder:
+        if decoder.drafter is None:
+            raise LlamaSpecError("bench needs a drafter: pass --draft, or --drafter ngram")
+        verify_ms = eval_costs(decoder.target, list(range(1, K_MAX + 2)))
+        costs = CostModel(verify_ms, 0.0)
+        reference, llm = reference_greedy(config.target, options) if config.reference else (None, None)
+        try:
+            def encode(text: str) -> list[int]:
+                return decoder.prompt_tokens(text, chat=decoder.chat_format.has_template)
+
+            for speculative in (False, True):  # warm-up: allocations, caches, first calibrations
+                list(decoder.generate(encode(prompts[0]["prompt"]), max_tokens=8, speculative=speculative))
+            records = []
+            for index, item in enumerate(prompts):
+                tokens = encode(item["prompt"])
+                runs: dict[bool, tuple[list[int], dict]] = {}
+                for speculative in ((False, True) if index % 2 == 0 else (True, False)):
+                    out = list(decoder.generate(tokens, max_tokens=config.max_tokens, speculative=speculative))
+                    runs[speculative] = (out, decoder.stats.to_dict())
+                (plain, plain_stats), (spec, spec_stats) = runs[False], runs[True]
+                batch = max(1, round(1 + spec_stats["n_drafted"] / max(spec_stats["n_steps"], 1)))
+                oracle_tps = 1000 * batch / costs.verify(batch)
+                reference_out = reference(tokens, config.max_tokens) if reference else None
+                record = {
+                    "id": item["id"],
+                    "category": item["category"],
+                    "n_prompt_tokens": len(tokens),
+                    "n_generated": len(spec),
+                    "plain_tps": plain_stats["tokens_per_second"],
+                    "speculative_tps": spec_stats["tokens_per_second"],
+                    "speedup": round(spec_stats["tokens_per_second"] / max(plain_stats["tokens_per_second"], 1e-9), 3),
+                    "acceptance_rate": spec_stats["acceptance_rate"],
+                    "mean_accepted_per_step": spec_stats["mean_accepted_per_step"],
+                    "mean_verify_batch": batch,
+                    "oracle_tps": round(oracle_tps, 3),
+                    "speculative_over_oracle": round(spec_stats["tokens_per_second"] / oracle_tps, 3),
+                    "identical": plain == spec,
+                    "first_divergence": first_divergence(plain, spec),
+                    "reference_identical": None if reference_out is None else reference_out == plain,
+                    "reference_first_divergence": None if reference_out is None else first_divergence(reference_out, spec),
+                    "plain": plain_stats,
+                    "speculative": spec_stats,
+                }
+                records.append(record)
+                if progress:
+                    progress(index + 1, len(prompts), record)
+        finally:
+            if llm is not None:
+                llm.close()
+        draft_path = decoder.draft_model.path if decoder.draft_model else None
+    return {
+        "meta": {
+            "llamaspec_version": __version__,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "target": {"path": str(config.target), "sha256": sha256_cached(config.target)},
+            "draft": {"path": str(draft_path), "sha256": sha256_cached(draft_path)} if draft_path else None,
+            "drafter": config.drafter,
+            "k": config.k,
+            "max_tokens": config.max_tokens,
+            "threads": options.n_threads,
+            "n_ctx": options.n_ctx,
+            "flash_attn": options.flash_attn,
+            "min_draft_prob": config.min_draft_prob,
+            "build": system_info(),
+            "verify_ms_by_batch": verify_ms,
+        },
+        "prompts": records,
+        "summary": _summary(records),
+    }
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="llamaspec bench: plain vs speculative (tokens/s, one process, alternating)")
+    for column in ("prompt", "category", "plain", "spec", "speedup", "accept", "acc/step", "spec/oracle", "identical"):
+        table.add_column(column, justify="right" if column not in ("prompt", "category") else "left")
+    for r in report["prompts"]:
+        same = "yes" if r["identical"] else f"no @{r['first_divergence']}"
+        table.add_row(r["id"], r["category"], f"{r['plain_tps']:.2f}", f"{r['speculative_tps']:.2f}",
+                      f"{r['speedup']:.2f}x", f"{r['acceptance_rate']:.2f}", f"{r['mean_accepted_per_step']:.2f}",
+                      f"{r['speculative_over_oracle']:.2f}", same)
+    summary = report["summary"]
+    for name, block in [("ALL", summary["overall"]), *summary["by_category"].items()]:
+        table.add_row(f"[bold]median {name}[/bold]", "", f"{block['median_plain_tps']:.2f}",
+                      f"{block['median_speculative_tps']:.2f}", f"[bold]{block['median_speedup']:.2f}x[/bold]",
+                      f"{block['median_acceptance']:.2f}", "", f"{block['median_speculative_over_oracle']:.2f}",
+                      f"{block['identical']}/{block['n_prompts']}")
+    Console().print(table)
+
+
+def plot(report: dict, path: Path) -> None:
+    """Speedup per prompt (coloured by category) and the accept-count histogram."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise LlamaSpecError("--plot needs matplotlib: pip install 'llamaspec[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = report["prompts"]
+    categories = sorted({r["category"] for r in records})
+    colours = {c: plt.get_cmap("tab10")(i) for i, c in enumerate(categories)}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 1]})
+    left.bar(range(len(records)), [r["speedup"] for r in records], color=[colours[r["category"]] for r in records])
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.set_xticks(range(len(records)), [r["id"] for r in records], rotation=90, fontsize=7)
+    left.set_ylabel("speedup over plain decoding")
+    left.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in categories], labels=categories)
+    histogram = report["summary"]["accept_histogram"]
+    right.bar(range(len(histogram)), histogram)
+    right.set_xticks(range(len(histogram)))
+    right.set_xlabel("draft tokens accepted in a step")
+    right.set_ylabel("steps")
+    meta = report["meta"]
+    fig.suptitle(f"{Path(meta['target']['path']).name} | drafter {meta['drafter']} k={meta['k']} | "
+                 f"median {report['summary']['overall']['median_speedup']:.2f}x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,66 @@
+"""Measure what a verify batch and a draft token cost on this machine, once per model pair.
+
+The adaptive policy needs the target's cost for each batch size (not monotonic on CPU) and
+the drafter's cost per token. Results are cached per model file (path, size, mtime),
+thread count and flash-attention setting, since they change with any of these.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from .model import Model
+from .models import cache_dir
+
+_FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
+N_CONTEXT = 64  # measure at a realistic cache depth, not at position 0
+
+
+def _cache_file() -> Path:
+    return cache_dir().parent / "costs.json"
+
+
+def _key(model: Model, sizes: list[int]) -> str:
+    stat = model.path.stat()
+    options = model.options
+    return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|threads={options.n_threads}"
+            f"|fa={options.flash_attn}|gpu={options.n_gpu_layers}|sizes={','.join(map(str, sizes))}")
+
+
+def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 3) -> dict[int, float]:
+    """Median milliseconds of one `eval(all_logits=True)` of n tokens, for each n."""
+    saved = list(model.tokens)
+    base = model.tokenize(_FILLER * 8, add_special=False)[:N_CONTEXT]
+    model.reset()
+    model.eval(base)
+    model.eval(base[: max(sizes)], all_logits=True)  # warm-up: first calls allocate
+    model.rollback(len(base))
+    result = {}
+    for n in sizes:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.eval(base[:n], all_logits=True)
+            times.append(time.perf_counter() - start)
+            model.rollback(len(base))
+        result[n] = round(1000 * statistics.median(times), 2)
+    model.reset()
+    if saved:
+        model.eval(saved)
+    return result
+
+
+def eval_costs(model: Model, sizes: list[int], use_cache: bool = True) -> dict[int, float]:
+    """measure_eval_ms, remembered across runs."""
+    path, key = _cache_file(), _key(model, sizes)
+    cache = json.loads(path.read_text()) if use_cache and path.is_file() else {}
+    if key not in cache:
+        cache[key] = measure_eval_ms(model, sizes)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(cache, indent=1))
+        partial.replace(path)
+    return {int(n): float(ms) for n, ms in cache[key].items()}

@@ -1,0 +1,92 @@
+"""Cost-aware draft length: pick k each step to maximise expected tokens per second.
+
+On CPU a verify batch of n tokens costs far more than one decode (and not monotonically in
+n), and a draft model is only a few times cheaper than the target. A fixed k therefore often
+loses to plain decoding. This policy keeps an online estimate of the probability that draft
+position i is accepted given positions 1..i-1 were, and chooses
+
+    k* = argmax_k  E[tokens emitted | k] / (draft_cost(k) + verify_cost(k + 1))
+
+where E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} alpha_j. k = 0 (a plain step) is a valid
+answer when speculation does not pay. Pure Python; costs come from `calibrate.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Milliseconds: the target's verify pass by batch size, the drafter's cost per token."""
+
+    verify_ms: Mapping[int, float]
+    draft_ms_per_token: float
+
+    def verify(self, n_tokens: int) -> float:
+        if n_tokens in self.verify_ms:
+            return self.verify_ms[n_tokens]
+        largest = max(self.verify_ms)
+        if n_tokens > largest:  # extrapolate with the slope of the last two measurements
+            previous = max((n for n in self.verify_ms if n < largest), default=0)
+            slope = (self.verify_ms[largest] - self.verify_ms.get(previous, 0.0)) / (largest - previous)
+            return self.verify_ms[largest] + slope * (n_tokens - largest)
+        below = max(n for n in self.verify_ms if n < n_tokens)
+        above = min(n for n in self.verify_ms if n > n_tokens)
+        weight = (n_tokens - below) / (above - below)
+        return self.verify_ms[below] * (1 - weight) + self.verify_ms[above] * weight
+
+    def step_ms(self, k: int) -> float:
+        return self.draft_ms_per_token * k + self.verify(k + 1)
+
+
+class AdaptiveK:
+    """Online acceptance estimates per draft position + a cost model -> the best k."""
+
+    def __init__(self, costs: CostModel, k_max: int = 8, prior_acceptance: float = 0.7,
+                 prior_weight: float = 4.0, decay: float = 0.97, probe_every: int = 16):
+        if k_max < 1:
+            raise ValueError("k_max must be at least 1")
+        self.costs = costs
+        self.k_max = k_max
+        self.decay = decay
+        self.probe_every = probe_every  # while k=0 wins, still try k=1 now and then to keep learning
+        self._accepted = [prior_acceptance * prior_weight] * k_max
+        self._seen = [prior_weight] * k_max
+        self._plain_steps = 0
+
+    def acceptance(self) -> list[float]:
+        """Estimated P(position i accepted | positions before it accepted), i = 1..k_max."""
+        return [a / s for a, s in zip(self._accepted, self._seen)]
+
+    def expected_tokens(self, k: int) -> float:
+        expected, reach = 1.0, 1.0
+        for alpha in self.acceptance()[:k]:
+            reach *= alpha
+            expected += reach
+        return expected
+
+    def expected_rate(self, k: int) -> float:
+        """Expected tokens per millisecond with k drafted tokens."""
+        return self.expected_tokens(k) / self.costs.step_ms(k)
+
+    def choose(self, max_k: int | None = None) -> int:
+        limit = self.k_max if max_k is None else min(max_k, self.k_max)
+        best = max(range(limit + 1), key=self.expected_rate)
+        if best == 0 and limit > 0:
+            self._plain_steps += 1
+            if self._plain_steps % self.probe_every == 0:
+                return 1
+        return best
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        """Positions 1..n_accepted were accepted; position n_accepted+1 (if drafted) was not."""
+        for i in range(min(n_drafted, self.k_max)):
+            self._accepted[i] *= self.decay
+            self._seen[i] *= self.decay
+            self._seen[i] += 1.0
+            if i < n_accepted:
+                self._accepted[i] += 1.0
+            else:
+                break  # later positions were not reached

@@ -1,0 +1,114 @@
+"""Drafting policy and n-gram lookup on synthetic inputs: no model."""
+
+import pytest
+
+from llamaspec.drafters import Draft
+from llamaspec.drafters.hybrid import HybridDrafter
+from llamaspec.drafters.ngram import NgramDrafter
+from llamaspec.policy import AdaptiveK, CostModel
+from llamaspec.sampling import Sampler
+
+# The shape measured on a 2-core CPU: verify cost grows almost linearly with batch size.
+STEEP = CostModel({1: 88, 2: 126, 3: 160, 4: 201, 5: 245, 6: 282, 8: 487}, draft_ms_per_token=35)
+# A bandwidth-bound target (e.g. F16): verifying 8 tokens costs little more than one.
+FLAT = CostModel({1: 140, 2: 145, 3: 150, 4: 155, 5: 160, 6: 165, 8: 180}, draft_ms_per_token=30)
+
+
+def trained(costs, alpha, steps=400, k_max=8):
+    """A policy fed with draws where each position is accepted with probability alpha."""
+    import random
+
+    rng = random.Random(0)
+    policy = AdaptiveK(costs, k_max=k_max)
+    for _ in range(steps):
+        n_accepted = 0
+        while n_accepted < k_max and rng.random() < alpha:
+            n_accepted += 1
+        policy.update(k_max, n_accepted)
+    return policy
+
+
+def test_cost_interpolation_and_extrapolation():
+    assert STEEP.verify(7) == pytest.approx((282 + 487) / 2)
+    assert STEEP.verify(9) == pytest.approx(487 + (487 - 282) / 2)
+    assert STEEP.verify(4) == 201
+
+
+def test_acceptance_estimate_converges():
+    policy = trained(FLAT, 0.8)
+    assert policy.acceptance()[0] == pytest.approx(0.8, abs=0.08)
+
+
+def test_flat_costs_and_high_acceptance_draft_long():
+    assert trained(FLAT, 0.9).choose() >= 5
+
+
+def test_steep_costs_and_low_acceptance_go_plain():
+    assert trained(STEEP, 0.3).choose() == 0
+
+
+def test_steep_costs_with_free_drafts_and_high_acceptance_draft():
+    free = CostModel(STEEP.verify_ms, draft_ms_per_token=0.0)
+    assert trained(free, 0.95).choose() >= 2
+
+
+def test_expected_rate_picks_the_argmax():
+    policy = trained(STEEP, 0.8)
+    k = policy.choose()
+    assert all(policy.expected_rate(k) >= policy.expected_rate(j) for j in range(9))
+
+
+def test_plain_choice_still_probes_now_and_then():
+    policy = trained(STEEP, 0.2)
+    choices = [policy.choose() for _ in range(32)]
+    assert choices.count(1) == 2 and choices.count(0) == 30
+
+
+def test_choose_respects_max_k():
+    assert trained(FLAT, 0.95).choose(max_k=2) <= 2
+
+
+def test_ngram_copies_what_followed_the_latest_match():
+    drafter = NgramDrafter(min_ngram=2, max_ngram=3)
+    context = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3, 7, 8, 6, 1, 2, 3]
+    assert drafter.propose(context, 4, Sampler()).tokens == [7, 8, 6, 1]
+
+
+def test_ngram_prefers_longer_matches():
+    drafter = NgramDrafter(min_ngram=1, max_ngram=3)
+    #            "5 2 3" -> 4 ;  later "2 3" -> 9 ; the suffix is "5 2 3"
+    context = [5, 2, 3, 4, 0, 2, 3, 9, 0, 5, 2, 3]
+    assert drafter.propose(context, 1, Sampler()).tokens == [4]
+
+
+def test_ngram_without_match_drafts_nothing_and_follows_a_changed_context():
+    drafter = NgramDrafter(min_ngram=2)
+    assert drafter.propose([1, 2, 3, 4], 4, Sampler()).tokens == []
+    assert drafter.propose([1, 2, 3, 4, 1, 2], 4, Sampler()).tokens == [3, 4, 1, 2]
+    # A different conversation: the old index must not leak into it.
+    assert drafter.propose([7, 1, 2], 4, Sampler()).tokens == []
+
+
+class FixedDrafter:
+    def __init__(self, tokens):
+        self.tokens, self.observed = tokens, []
+
+    def propose(self, context, max_k, sampler):
+        return Draft(self.tokens[:max_k])
+
+    def observe(self, n_drafted, n_accepted):
+        self.observed.append((n_drafted, n_accepted))
+
+    def close(self):
+        pass
+
+
+def test_hybrid_uses_ngram_when_it_matches_and_routes_feedback():
+    model = FixedDrafter([42, 43])
+    hybrid = HybridDrafter(NgramDrafter(min_ngram=2), model)
+    assert hybrid.propose([1, 2, 3, 1, 2], 3, Sampler()).tokens == [3, 1, 2]
+    hybrid.observe(3, 3)
+    assert model.observed == []
+    assert hybrid.propose([5, 6, 7], 3, Sampler()).tokens == [42, 43]
+    hybrid.observe(2, 1)
+    assert model.observed == [(2, 1)]
