@@ -10,14 +10,18 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 from .chat import ChatFormat, Message
 from .compat import check_vocab_compatible
+from .calibrate import eval_costs
 from .drafters import Drafter
 from .drafters.draft_model import DraftModelDrafter
+from .drafters.hybrid import HybridDrafter
+from .drafters.ngram import NgramDrafter
 from .errors import LlamaSpecError
 from .model import Model, ModelOptions
+from .policy import AdaptiveK, CostModel
 from .sampling import Sampler, SamplingParams
 from .speculative import GenerationStats, Trace, generate_tokens
 from .text import TextStream
@@ -26,40 +30,75 @@ from .verify import VerifyMode
 PathLike = str | os.PathLike[str]
 
 
+DrafterKind = Literal["model", "ngram", "hybrid"]
+DRAFTER_KINDS = ("model", "ngram", "hybrid")
+K_MAX = 8  # the longest draft `k="auto"` may choose
+NGRAM_MS_PER_TOKEN = 0.05  # a dictionary lookup: free next to any model evaluation
+
+
 class SpeculativeDecoder:
-    """A target model plus an optional draft model; without a draft it decodes plainly."""
+    """A target model plus a drafter; without one it decodes plainly.
+
+    `drafter="model"` drafts with the `draft` GGUF, `"ngram"` by prompt lookup (no second
+    model), `"hybrid"` with a long n-gram match when there is one and the draft model
+    otherwise. `k="auto"` measures this machine's costs once (cached) and picks the draft
+    length each step to maximise expected tokens per second, down to plain steps.
+    """
 
     def __init__(
         self,
         target: PathLike,
         draft: PathLike | None = None,
         *,
-        k: int = 3,
+        k: int | Literal["auto"] = "auto",
+        drafter: DrafterKind = "model",
         options: ModelOptions = ModelOptions(),
         verify: VerifyMode = "rejection",
+        k_max: int = K_MAX,
+        min_draft_prob: float = 0.0,
     ):
-        if k <= 0:
-            raise LlamaSpecError(f"k must be at least 1, got {k}")
+        if k != "auto" and (not isinstance(k, int) or k <= 0):
+            raise LlamaSpecError(f"k must be 'auto' or at least 1, got {k!r}")
+        if drafter not in DRAFTER_KINDS:
+            raise LlamaSpecError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
         if verify not in ("rejection", "match"):
             raise LlamaSpecError(f"verify must be rejection or match, got {verify!r}")
-        self.k = k
+        self.k_label: int | str = k
+        self.k = k_max if k == "auto" else k
         self.verify: VerifyMode = verify
         self.target = Model(target, options)
-        self.drafter: Drafter | None = None
+        self.draft_model: Model | None = None
         try:
-            if draft is not None:
-                draft_model = Model(draft, options)
-                self.drafter = DraftModelDrafter(draft_model)
-                check_vocab_compatible(self.target, draft_model)
+            self.drafter = self._build_drafter(draft, drafter, k == "auto", min_draft_prob)
         except BaseException:
             self.close()
             raise
         self.chat_format = ChatFormat(self.target)
         self.stats = GenerationStats()
 
+    def _build_drafter(self, draft: PathLike | None, kind: str, auto: bool,
+                       min_draft_prob: float) -> Drafter | None:
+        verify_ms = eval_costs(self.target, list(range(1, self.k + 2))) if auto else {}
+
+        def policy(draft_ms_per_token: float) -> AdaptiveK | None:
+            return AdaptiveK(CostModel(verify_ms, draft_ms_per_token), self.k) if auto else None
+
+        ngram = NgramDrafter(min_ngram=3 if kind == "hybrid" else 2, policy=policy(NGRAM_MS_PER_TOKEN))
+        if kind == "ngram":
+            return ngram
+        if draft is None:
+            if kind == "hybrid":
+                raise LlamaSpecError("the hybrid drafter needs a draft model")
+            return None
+        self.draft_model = Model(draft, self.target.options)
+        check_vocab_compatible(self.target, self.draft_model)
+        draft_ms = eval_costs(self.draft_model, [1])[1] if auto else 0.0
+        model_drafter = DraftModelDrafter(self.draft_model, min_draft_prob, policy(draft_ms))
+        return model_drafter if kind == "model" else HybridDrafter(ngram, model_drafter)
+
     def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
         self.target.close()
 
     def __enter__(self) -> SpeculativeDecoder:
@@ -93,7 +132,7 @@ class SpeculativeDecoder:
         drafter = self.drafter if speculative else None
         self.stats = GenerationStats(
             mode="speculative" if drafter else "plain",
-            k=self.k if drafter else 0,
+            k=self.k_label if drafter else 0,
             verify="greedy" if sampling.greedy else self.verify,
         )
         return generate_tokens(
@@ -113,3 +152,17 @@ class SpeculativeDecoder:
 
     def generate_text(self, prompt: str | Sequence[int], **options: object) -> str:
         return "".join(self.stream(prompt, **options))
+
+    # llama-cpp-python's completion API (arguments and return values: llamaspec.openai_api),
+    # so code written for llama_cpp.Llama switches by changing the constructor line.
+    def create_completion(self, prompt: str | Sequence[int], **options: object) -> dict | Iterator[dict]:
+        from .openai_api import create_completion
+
+        return create_completion(self, prompt, **options)  # type: ignore[arg-type]
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: Sequence[Message], **options: object) -> dict | Iterator[dict]:
+        from .openai_api import create_chat_completion
+
+        return create_chat_completion(self, messages, **options)  # type: ignore[arg-type]
