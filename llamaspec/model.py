@@ -75,6 +75,7 @@ class ModelOptions:
     n_batch: int = 512
     n_gpu_layers: int = 0
     flash_attn: FlashAttn = "auto"
+    repack: bool = True  # llama.cpp's repacked CPU weight layouts (faster batches, other kernels)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -100,6 +101,7 @@ class Model:
         _recent_errors.clear()
         model_params = _ll.llama_model_default_params()
         model_params.n_gpu_layers = options.n_gpu_layers
+        model_params.use_extra_bufts = options.repack
         self._model = _ll.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {self._last_error()}")
