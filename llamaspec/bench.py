@@ -9,11 +9,9 @@ perfect, free drafter) gives the physical limit, reported as speculative / oracl
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +22,7 @@ from .errors import LlamaSpecError
 from .model import ModelOptions, reference_greedy, system_info
 from .models import sha256_cached
 from .policy import CostModel
+from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 
 
 @dataclass
@@ -36,33 +35,7 @@ class BenchConfig:
     options: ModelOptions = field(default_factory=ModelOptions)
     reference: bool = True
     min_draft_prob: float = 0.0
-
-
-def load_prompts(path: Path | None = None, categories: list[str] | None = None,
-                 limit: int | None = None) -> list[dict]:
-    """JSON lines with id, category, prompt; the shipped suite when path is None."""
-    if path is None:
-        text = resources.files("llamaspec").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
-        where = "the shipped prompt suite"
-    else:
-        if not path.is_file():
-            raise LlamaSpecError(f"prompts file not found: {path}")
-        text, where = path.read_text(encoding="utf-8"), str(path)
-    prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LlamaSpecError(f"{where}, line {number}: not JSON ({exc.msg})") from None
-        if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("id", "category", "prompt")):
-            raise LlamaSpecError(f"{where}, line {number}: needs string fields id, category and prompt")
-        if not categories or item["category"] in categories:
-            prompts.append(item)
-    if not prompts:
-        raise LlamaSpecError(f"no prompts selected from {where}")
-    return prompts[:limit] if limit else prompts
+    strict: bool = False
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -114,7 +87,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
     """Run the suite; returns the JSON-ready report (meta, per-prompt records, summary)."""
     options = config.options
     with SpeculativeDecoder(config.target, config.draft, k=config.k, drafter=config.drafter,  # type: ignore[arg-type]
-                            options=options, min_draft_prob=config.min_draft_prob) as decoder:
+                            options=options, min_draft_prob=config.min_draft_prob,
+                            strict=config.strict) as decoder:
         if decoder.drafter is None:
             raise LlamaSpecError("bench needs a drafter: pass --draft, or --drafter ngram")
         verify_ms = eval_costs(decoder.target, list(range(1, K_MAX + 2)))
@@ -164,6 +138,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             if llm is not None:
                 llm.close()
         draft_path = decoder.draft_model.path if decoder.draft_model else None
+        strict_note = decoder.strict_note
     return {
         "meta": {
             "llamaspec_version": __version__,
@@ -177,6 +152,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             "n_ctx": options.n_ctx,
             "flash_attn": options.flash_attn,
             "min_draft_prob": config.min_draft_prob,
+            "strict": config.strict,
+            "strict_note": strict_note,
             "build": system_info(),
             "verify_ms_by_batch": verify_ms,
         },

@@ -109,6 +109,8 @@ ThreadsOpt = typer.Option(2, "--threads", help="CPU threads for both models.")
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")
 FlashOpt = typer.Option(FlashAttn.auto, "--flash-attn", help="Flash attention.")
+RepackOpt = typer.Option(True, "--repack/--no-repack", help="llama.cpp's repacked CPU weights (kernel choice).")
+StrictOpt = typer.Option(False, "--strict", help="Only verify sizes the audit found bit-exact on this model and build.")
 
 
 def parse_k(value: str) -> int | str:
@@ -145,6 +147,8 @@ def generate(
     ctx: int = CtxOpt,
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
+    repack: bool = RepackOpt,
+    strict: bool = StrictOpt,
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
                                         help="Wrap the prompt in the chat template (default: when the model has one)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -164,10 +168,13 @@ def generate(
     if max_tokens < 0:
         raise LlamaSpecError(f"--max-tokens must be >= 0, got {max_tokens}")
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value)
+    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
+                           repack=repack)
     target_path, draft_path = resolve_pair(target, draft)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
-                            verify=verify.value) as decoder:
+                            verify=verify.value, strict=strict) as decoder:
+        if decoder.strict_note:
+            typer.echo(decoder.strict_note, err=True)
         use_chat = decoder.chat_format.has_template if chat is None else chat
         tokens: list[int] = []
         if as_json:
@@ -200,6 +207,8 @@ def bench(
     ctx: int = CtxOpt,
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
+    repack: bool = RepackOpt,
+    strict: bool = StrictOpt,
     min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Stop drafting below this draft probability."),
     reference: bool = typer.Option(True, "--reference/--no-reference",
                                    help="Also compare with llama-cpp-python's Llama greedy output."),
@@ -214,12 +223,14 @@ def bench(
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     selected = load_prompts(prompts, category, limit)
-    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value)
+    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
+                           repack=repack)
     if drafter == Drafter.ngram:
         target_path, draft_path = resolve_model(target or registry.DEFAULT_TARGET), None
     else:
         target_path, draft_path = resolve_pair(target, draft)
-    config = BenchConfig(target_path, draft_path, drafter.value, k_value, max_tokens, options, reference, min_draft_prob)
+    config = BenchConfig(target_path, draft_path, drafter.value, k_value, max_tokens, options, reference,
+                         min_draft_prob, strict)
 
     def progress(done: int, total: int, record: dict) -> None:
         typer.echo(f"[{done}/{total}] {record['id']}: {record['speedup']:.2f}x, acceptance "
@@ -231,6 +242,52 @@ def bench(
         json_out.write_text(json.dumps(report, indent=1))
     if plot_out:
         plot(report, plot_out)
+
+
+@app.command()
+@friendly
+def audit(
+    target: Optional[str] = TargetOpt,
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompts (default: shipped suite)."),
+    limit: int = typer.Option(5, "--limit", help="How many prompts to audit."),
+    max_tokens: int = typer.Option(64, "--max-tokens"),
+    batch_max: int = typer.Option(9, "--batch-max", help="Largest verify batch to compare."),
+    threads: int = ThreadsOpt,
+    ctx: int = CtxOpt,
+    gpu_layers: int = GpuOpt,
+    flash_attn: FlashAttn = FlashOpt,
+    repack: bool = RepackOpt,
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here."),
+) -> None:
+    """Is batched verification bit-identical to plain decoding on this model and build?"""
+    from .audit import run_audit
+    from .model import Model, ModelOptions, system_info
+    from .prompts import load_prompts
+
+    if batch_max < 2:
+        raise LlamaSpecError(f"--batch-max must be at least 2, got {batch_max}")
+    if max_tokens < batch_max + 1:
+        raise LlamaSpecError(f"--max-tokens must exceed --batch-max, got {max_tokens}")
+    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
+                           repack=repack)
+    with Model(resolve_model(target or registry.DEFAULT_TARGET), options) as model:
+        from .chat import ChatFormat
+
+        chat = ChatFormat(model)
+        encode = (lambda text: chat.tokens([{"role": "user", "content": text}])) if chat.has_template else model.tokenize
+        selected = [encode(p["prompt"]) for p in load_prompts(prompts, limit=limit)]
+        report = run_audit(model, selected, max_tokens, batch_max).to_dict()
+    report["meta"] = {"threads": threads, "flash_attn": flash_attn.value, "repack": repack, "build": system_info(),
+                      "prompts": len(selected), "max_tokens": max_tokens}
+    for size, row in report["batch_sizes"].items():
+        typer.echo(f"batch {size:>2}: {'bit-exact' if row['bit_identical'] else 'differs  '}  "
+                   f"max |d| {row['max_abs_diff']:.3g}  argmax flips {row['argmax_flips']}/{row['rows_compared']}  "
+                   f"min top-2 margin {row['min_top2_margin']:.3g}")
+    for k, divergences in report["speculative_first_divergence"].items():
+        typer.echo(f"speculative k={k}: first divergence per prompt {divergences}")
+    typer.echo(report["summary"])
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=1))
 
 
 @models_app.command("list")

@@ -56,6 +56,7 @@ class SpeculativeDecoder:
         verify: VerifyMode = "rejection",
         k_max: int = K_MAX,
         min_draft_prob: float = 0.0,
+        strict: bool = False,
     ):
         if k != "auto" and (not isinstance(k, int) or k <= 0):
             raise LlamaSpecError(f"k must be 'auto' or at least 1, got {k!r}")
@@ -68,13 +69,27 @@ class SpeculativeDecoder:
         self.verify: VerifyMode = verify
         self.target = Model(target, options)
         self.draft_model: Model | None = None
+        self.strict_note = ""
         try:
-            self.drafter = self._build_drafter(draft, drafter, k == "auto", min_draft_prob)
+            if strict:
+                self._apply_strict()
+            self.drafter = self._build_drafter(draft, drafter, k == "auto", min_draft_prob) if self.k else None
         except BaseException:
             self.close()
             raise
         self.chat_format = ChatFormat(self.target)
         self.stats = GenerationStats()
+
+    def _apply_strict(self) -> None:
+        """Limit k to the verify sizes the audit found bit-exact on this model and build."""
+        from .audit import strict_max_k
+        from .prompts import load_prompts
+
+        prompts = [self.target.tokenize(p["prompt"]) for p in load_prompts(limit=3)]
+        max_k = strict_max_k(self.target, prompts)
+        self.k = min(self.k, max_k)
+        self.strict_note = (f"strict: verify sizes up to {max_k + 1} are bit-exact here, k <= {max_k}" if max_k else
+                            "strict: no verify size is bit-exact on this model and build, decoding plainly")
 
     def _build_drafter(self, draft: PathLike | None, kind: str, auto: bool,
                        min_draft_prob: float) -> Drafter | None:

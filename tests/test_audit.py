@@ -1,0 +1,75 @@
+"""The losslessness audit and --strict on the tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import STORY_PROMPTS, run_cli
+
+from llamaspec.audit import BatchComparison, compare_batched, plain_with_rows, run_audit
+from llamaspec.decoder import SpeculativeDecoder
+from llamaspec.model import Model, ModelOptions
+
+OPTIONS = ModelOptions(n_ctx=512)
+
+
+@pytest.mark.parametrize("fixture", ["stories", "tiny_random"])
+def test_audit_cli_json_schema(fixture, request, tmp_path):
+    path = request.getfixturevalue(fixture)
+    out = tmp_path / "audit.json"
+    result = run_cli("audit", "--target", path, "--limit", "2", "--max-tokens", "24", "--batch-max", "4",
+                     "--json", out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert set(report["batch_sizes"]) == {"2", "3", "4"}
+    for row in report["batch_sizes"].values():
+        assert set(row) == {"bit_identical", "rows_compared", "rows_different", "max_abs_diff", "argmax_flips",
+                            "min_top2_margin"}
+        assert row["rows_compared"] > 0 and row["bit_identical"] == (row["rows_different"] == 0)
+    assert set(report["speculative_first_divergence"]) == {"1", "2", "3"}
+    assert all(len(v) == 2 for v in report["speculative_first_divergence"].values())
+    assert isinstance(report["bit_exact_sizes"], list) and 0 <= report["strict_max_k"] <= 3
+    assert "verify" in report["summary"] and report["summary"] in result.stdout
+
+
+def test_planted_difference_is_detected(stories):
+    with Model(stories, OPTIONS) as model:
+        prompt = model.tokenize("Once upon a time")
+        plain, rows = plain_with_rows(model, prompt, 24)
+        planted = list(plain)
+        planted[5] = (planted[5] + 7) % model.n_vocab  # feed one row a different token
+        clean, dirty = BatchComparison(), BatchComparison()
+        compare_batched(model, prompt, plain, rows, 4, clean)
+        compare_batched(model, prompt, planted, rows, 4, dirty)
+        assert dirty.rows_different >= 1 and dirty.argmax_flips > clean.argmax_flips
+        assert dirty.max_abs_diff > 10 * max(clean.max_abs_diff, 1e-3)
+
+
+def test_comparison_of_identical_rows_is_bit_exact():
+    rows = np.random.default_rng(0).normal(size=(4, 50)).astype(np.float32)
+    comparison = BatchComparison()
+    comparison.add(rows, rows.copy())
+    assert comparison.bit_identical and comparison.max_abs_diff == 0.0
+    comparison.add(rows + np.float32(1e-6), rows)
+    assert not comparison.bit_identical and comparison.argmax_flips == 0
+
+
+def test_audit_report_strict_k_is_the_exact_prefix(stories):
+    with Model(stories, OPTIONS) as model:
+        report = run_audit(model, [model.tokenize("The little dog")], 24, 5)
+    exact = report.bit_exact_sizes()
+    k = report.max_exact_k()
+    assert all(b in exact for b in range(2, k + 2))
+    assert k + 2 > 5 or (k + 2) not in exact
+
+
+def test_strict_mode_equals_plain_for_every_k(stories, truncated_draft, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMASPEC_CACHE", str(tmp_path))
+    for k in range(1, 9):
+        with SpeculativeDecoder(stories, truncated_draft, k=k, options=OPTIONS, strict=True) as decoder:
+            assert decoder.strict_note
+            for text in STORY_PROMPTS:
+                plain = list(decoder.generate(text, max_tokens=64, speculative=False))
+                assert list(decoder.generate(text, max_tokens=64)) == plain, (k, text)
