@@ -72,16 +72,15 @@ def _progress_fetch(name: str) -> Path:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    model = registry.spec(name)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(f"{name}", total=model.size)
+        task = bar.add_task(name, total=None)
 
         def update(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, description=f"{name}: {what}")
+            bar.update(task, completed=done, total=total, description=f"{name}: {what}")
 
         path = registry.fetch(name, update)
-        bar.update(task, completed=model.size, description=f"{name}: ready")
+        bar.update(task, completed=1, total=1, description=f"{name}: ready")
     return path
 
 
@@ -295,9 +294,12 @@ def audit(
 def models_list() -> None:
     """Registered models, whether fetched, their sizes and paths."""
     for name, model in registry.REGISTRY.items():
-        state = "fetched" if registry.is_fetched(name) else "not fetched"
-        typer.echo(f"{name:20} {model.size / 1e6:8.1f} MB  {state:11}  {registry.model_path(name)}")
-        typer.echo(f"{'':20} {model.description} ({model.licence})")
+        path = registry.model_path(name)
+        fetched = registry.is_fetched(name)
+        size = path.stat().st_size if fetched else getattr(model, "size", 0)
+        size_text = f"{size / 1e6:8.1f} MB" if size else f"{'derived':>11}"
+        typer.echo(f"{name:24} {size_text}  {'fetched' if fetched else 'not fetched':11}  {path}")
+        typer.echo(f"{'':24} {model.description} ({model.licence})")
 
 
 @models_app.command("fetch")
