@@ -51,7 +51,7 @@ class AdaptiveK:
         self.costs = costs
         self.k_max = k_max
         self.decay = decay
-        self.probe_every = probe_every  # while k=0 wins, still try k=1 now and then to keep learning
+        self.probe_every = probe_every  # while k=0 wins, still speculate now and then to keep learning
         self._accepted = [prior_acceptance * prior_weight] * k_max
         self._seen = [prior_weight] * k_max
         self._plain_steps = 0
@@ -73,11 +73,13 @@ class AdaptiveK:
 
     def choose(self, max_k: int | None = None) -> int:
         limit = self.k_max if max_k is None else min(max_k, self.k_max)
-        best = max(range(limit + 1), key=self.expected_rate)
+        rates = [self.expected_rate(k) for k in range(limit + 1)]
+        best = max(range(limit + 1), key=rates.__getitem__)
         if best == 0 and limit > 0:
             self._plain_steps += 1
             if self._plain_steps % self.probe_every == 0:
-                return 1
+                # Probe the most promising speculative k, so deeper positions are learned too.
+                return max(range(1, limit + 1), key=rates.__getitem__)
         return best
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
