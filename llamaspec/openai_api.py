@@ -1,0 +1,178 @@
+"""llama-cpp-python's completion API on a SpeculativeDecoder, so its users switch in one line.
+
+`create_completion` and `create_chat_completion` take the same arguments (the sampling
+subset llamaspec implements) and return the same OpenAI-style dictionaries as
+`llama_cpp.Llama`, plus a "speculative" entry holding the generation's stats. Defaults are
+llama-cpp-python's, so the same call samples the same way (temperature 0 is greedy).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .chat import Message
+    from .decoder import SpeculativeDecoder
+
+Chunk = dict[str, Any]
+
+
+class StopStrings:
+    """Cuts streamed text at the first stop string; text that might begin one is held back
+    until the following pieces show whether it does."""
+
+    def __init__(self, stop: str | Sequence[str] | None):
+        self.stops = [s for s in ([stop] if isinstance(stop, str) else stop or []) if s]
+        self.pending = ""
+        self.hit = False
+
+    def push(self, piece: str) -> str:
+        """The text that is safe to emit now; after a hit, nothing more."""
+        if self.hit:
+            return ""
+        text = self.pending + piece
+        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.hit, self.pending = True, ""
+            return text[: min(found)]
+        hold = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        self.pending = text[len(text) - hold:]
+        return text[: len(text) - hold]
+
+    def flush(self) -> str:
+        rest, self.pending = self.pending, ""
+        return rest
+
+
+class _Completion:
+    """One generation: iterate for text pieces; finish_reason and usage are set once it ends."""
+
+    def __init__(self, decoder: SpeculativeDecoder, prompt: list[int], max_tokens: int | None,
+                 sampling: SamplingParams, stop: str | Sequence[str] | None):
+        self.decoder = decoder
+        self.prompt = prompt
+        # As llama-cpp-python: None or <= 0 means "until the context is full".
+        self.max_tokens = max_tokens if max_tokens and max_tokens > 0 else decoder.target.n_ctx - len(prompt)
+        self.sampling = sampling
+        self.stop = StopStrings(stop)
+        self.finish_reason = "length"
+
+    def __iter__(self) -> Iterator[str]:
+        pieces = self.decoder.stream(self.prompt, max_tokens=self.max_tokens, sampling=self.sampling)
+        try:
+            for piece in pieces:
+                if text := self.stop.push(piece):
+                    yield text
+                if self.stop.hit:
+                    self.finish_reason = "stop"
+                    return
+            if rest := self.stop.flush():
+                yield rest
+            if self.decoder.stats.stop_reason == "eog":
+                self.finish_reason = "stop"
+        finally:
+            pieces.close()  # type: ignore[attr-defined]
+
+    def usage(self) -> dict[str, int]:
+        n_completion = self.decoder.stats.n_generated
+        return {"prompt_tokens": len(self.prompt), "completion_tokens": n_completion,
+                "total_tokens": len(self.prompt) + n_completion}
+
+    def speculative(self) -> dict[str, Any]:
+        return self.decoder.stats.to_dict()
+
+
+def _head(kind: str, decoder: SpeculativeDecoder, model: str | None) -> Chunk:
+    return {"id": f"{kind}-{uuid.uuid4()}", "created": int(time.time()), "model": model or str(decoder.target.path)}
+
+
+def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _text_chunks(run: _Completion, head: Chunk) -> Iterator[Chunk]:
+    """llama-cpp-python's stream: one chunk per piece, then an empty one with the finish reason."""
+    head = {**head, "object": "text_completion"}
+    for piece in run:
+        yield {**head, "choices": [_choice(piece, None)]}
+    yield {**head, "choices": [_choice("", run.finish_reason)], "speculative": run.speculative()}
+
+
+def _text_response(run: _Completion, head: Chunk) -> Chunk:
+    text = "".join(run)
+    return {**head, "object": "text_completion", "choices": [_choice(text, run.finish_reason)],
+            "usage": run.usage(), "speculative": run.speculative()}
+
+
+def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float,
+              seed: int | None) -> SamplingParams:
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
+
+
+def create_completion(
+    decoder: SpeculativeDecoder,
+    prompt: str | list[int],
+    max_tokens: int | None = 16,
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    top_k: int = 40,
+    min_p: float = 0.05,
+    repeat_penalty: float = 1.0,
+    seed: int | None = None,
+    stop: str | list[str] | None = None,
+    stream: bool = False,
+    model: str | None = None,
+) -> Chunk | Iterator[Chunk]:
+    """`Llama.create_completion`: a "text_completion" dict, or its chunks with stream=True."""
+    run = _Completion(decoder, decoder.prompt_tokens(prompt), max_tokens,
+                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop)
+    head = _head("cmpl", decoder, model)
+    return _text_chunks(run, head) if stream else _text_response(run, head)
+
+
+def _chat_chunks(run: _Completion, head: Chunk) -> Iterator[Chunk]:
+    """llama-cpp-python's chat stream: a role delta, content deltas, then an empty delta."""
+    head = {**head, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, str], finish_reason: str | None) -> Chunk:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+    yield chunk({"role": "assistant"}, None)
+    for piece in run:
+        yield chunk({"content": piece}, None)
+    yield {**chunk({}, run.finish_reason), "speculative": run.speculative()}
+
+
+def _chat_response(run: _Completion, head: Chunk) -> Chunk:
+    message = {"role": "assistant", "content": "".join(run)}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": run.finish_reason}
+    return {**head, "object": "chat.completion", "choices": [choice], "usage": run.usage(),
+            "speculative": run.speculative()}
+
+
+def create_chat_completion(
+    decoder: SpeculativeDecoder,
+    messages: Sequence[Message],
+    max_tokens: int | None = None,
+    temperature: float = 0.2,
+    top_p: float = 0.95,
+    top_k: int = 40,
+    min_p: float = 0.05,
+    repeat_penalty: float = 1.0,
+    seed: int | None = None,
+    stop: str | list[str] | None = None,
+    stream: bool = False,
+    model: str | None = None,
+) -> Chunk | Iterator[Chunk]:
+    """`Llama.create_chat_completion` with the target's own chat template: a
+    "chat.completion" dict, or "chat.completion.chunk" dicts with stream=True. Successive
+    calls that extend one conversation reuse the KV cache for the shared prefix."""
+    run = _Completion(decoder, decoder.chat_tokens(messages), max_tokens,
+                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop)
+    head = _head("chatcmpl", decoder, model)
+    return _chat_chunks(run, head) if stream else _chat_response(run, head)
