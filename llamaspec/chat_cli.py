@@ -17,6 +17,11 @@ from rich.console import Console
 from rich.text import Text
 
 from .chat_session import ChatSession, Turn
+from .cli_common import (
+    CtxOpt, Drafter, DrafterOpt, DraftOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepeatPenaltyOpt, SeedOpt,
+    StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, Verify, VerifyOpt, friendly, parse_k,
+    resolve_pair, sampling_params,
+)
 from .errors import LlamaSpecError
 from .sampling import SamplingParams
 from .speculative import GenerationStats, StepTrace
@@ -240,40 +245,45 @@ def run_chat(decoder: SpeculativeDecoder, *, system: str | None = None, max_toke
 
 
 def chat_command(
-    target: Optional[str] = typer.Option(None, "--target", help="Target GGUF path or registered model name."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft GGUF path or registered model name."),
+    target: Optional[str] = TargetOpt,
+    draft: Optional[str] = DraftOpt,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt, kept for the whole chat."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens per answer."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    min_p: float = typer.Option(0.0, "--min-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    k: int = typer.Option(3, "--k", help="Tokens drafted per step."),
+    temperature: float = TemperatureOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    repeat_penalty: float = RepeatPenaltyOpt,
+    seed: Optional[int] = SeedOpt,
+    verify: Verify = VerifyOpt,
+    k: str = KOpt,
+    drafter: Drafter = DrafterOpt,
     trace: bool = typer.Option(False, "--trace", help="Show every verify batch."),
-    threads: int = typer.Option(2, "--threads", help="CPU threads for both models."),
-    ctx: int = typer.Option(4096, "--ctx", help="Context size in tokens."),
+    threads: int = ThreadsOpt,
+    ctx: int = CtxOpt,
+    gpu_layers: int = GpuOpt,
+    flash_attn: FlashAttn = FlashOpt,
+    strict: bool = StrictOpt,
 ) -> None:
     """Chat in the terminal; answers are decoded speculatively."""
-    # Imported here: cli imports this module to register the command.
-    from .cli import resolve_pair, sampling_params
     from .decoder import SpeculativeDecoder
     from .model import ModelOptions
 
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
+    k_value = parse_k(k)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = ModelOptions(n_ctx=ctx, n_threads=threads)
+    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value)
     target_path, draft_path = resolve_pair(target, draft)
-    with SpeculativeDecoder(target_path, draft_path, k=k, options=options) as decoder:
+    with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
+                            verify=verify.value, strict=strict) as decoder:
+        if decoder.strict_note:
+            typer.echo(decoder.strict_note, err=True)
         run_chat(decoder, system=system, max_tokens=max_tokens, sampling=sampling, trace=trace)
 
 
 def main() -> None:
     """`python -m llamaspec.chat_cli`: the chat command on its own."""
-    from .cli import friendly
-
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     app.command()(friendly(chat_command))
     app()

@@ -5,133 +5,26 @@ Every user mistake ends as one `error: ...` line on stderr and a non-zero exit c
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Optional
 
 import typer
 
 from . import models as registry
+from .chat_cli import chat_command
+from .cli_common import (
+    CtxOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
+    RepeatPenaltyOpt, SeedOpt, StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, VerifyOpt,
+    _progress_fetch, fail, friendly, parse_k, resolve_model, resolve_pair, sampling_params,
+)
 from .errors import LlamaSpecError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Speculative decoding for llama.cpp GGUF models.")
 models_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Default models: list, fetch, locate.")
 app.add_typer(models_app, name="models")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def friendly(command: F) -> F:
-    """Turn our errors and Ctrl-C into one line and an exit code."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except LlamaSpecError as exc:
-            raise fail(str(exc)) from None
-        except KeyboardInterrupt:
-            typer.echo("", err=True)
-            raise fail("interrupted", 130) from None
-        except OSError as exc:
-            raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-class FlashAttn(str, Enum):
-    auto = "auto"
-    on = "on"
-    off = "off"
-
-
-class Drafter(str, Enum):
-    model = "model"
-    ngram = "ngram"
-    hybrid = "hybrid"
-
-
-class Verify(str, Enum):
-    rejection = "rejection"
-    match = "match"
-
-
-def _progress_fetch(name: str) -> Path:
-    """Fetch a registered model with a progress bar on stderr (quiet when cached)."""
-    if registry.is_fetched(name):
-        return registry.model_path(name)
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(name, total=None)
-
-        def update(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"{name}: {what}")
-
-        path = registry.fetch(name, update)
-        bar.update(task, completed=1, total=1, description=f"{name}: ready")
-    return path
-
-
-def resolve_model(value: str) -> Path:
-    """A path to a GGUF file, or the name of a registered model (fetched on first use)."""
-    if value in registry.REGISTRY:
-        return _progress_fetch(value)
-    return Path(value).expanduser()
-
-
-def resolve_pair(target: Optional[str], draft: Optional[str]) -> tuple[Path, Optional[Path]]:
-    """No --target and no --draft: the default Qwen pair. --target alone: plain decoding."""
-    if target is None:
-        target = registry.DEFAULT_TARGET
-        draft = draft or registry.DEFAULT_DRAFT
-    return resolve_model(target), resolve_model(draft) if draft else None
-
-
-# Options shared by the commands that load models.
-TargetOpt = typer.Option(None, "--target", help="Target GGUF path or registered model name.")
-DraftOpt = typer.Option(None, "--draft", help="Draft GGUF path or registered model name.")
-KOpt = typer.Option("auto", "--k", help="Tokens drafted per step, or auto (cost-aware, per step).")
-DrafterOpt = typer.Option("model", "--drafter", help="model, ngram (prompt lookup) or hybrid.")
-ThreadsOpt = typer.Option(2, "--threads", help="CPU threads for both models.")
-CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
-GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")
-FlashOpt = typer.Option(FlashAttn.auto, "--flash-attn", help="Flash attention.")
-RepackOpt = typer.Option(True, "--repack/--no-repack", help="llama.cpp's repacked CPU weights (kernel choice).")
-StrictOpt = typer.Option(False, "--strict", help="Only verify sizes the audit found bit-exact on this model and build.")
-
-
-def parse_k(value: str) -> int | str:
-    """--k is a positive integer or 'auto'."""
-    if value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        k = 0
-    if k <= 0:
-        raise LlamaSpecError(f"--k must be a positive integer or auto, got {value!r}")
-    return k
-
-
-def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-                    seed: Optional[int]) -> Any:
-    from .sampling import SamplingParams
-
-    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=seed)
-
 
 @app.command()
 @friendly
@@ -150,13 +43,13 @@ def generate(
     strict: bool = StrictOpt,
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
                                         help="Wrap the prompt in the chat template (default: when the model has one)."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    min_p: float = typer.Option(0.0, "--min-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    verify: Verify = typer.Option(Verify.rejection, "--verify", help="Sampling verification rule."),
+    temperature: float = TemperatureOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    repeat_penalty: float = RepeatPenaltyOpt,
+    seed: Optional[int] = SeedOpt,
+    verify: Verify = VerifyOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
 ) -> None:
     """Generate text; with a draft model, speculatively."""
@@ -319,6 +212,9 @@ def models_path(name: str) -> None:
     typer.echo(path)
     if not registry.is_fetched(name):
         raise fail(f"{name} is not fetched yet: llamaspec models fetch {name}")
+
+
+app.command("chat")(friendly(chat_command))
 
 
 def main() -> None:

@@ -1,0 +1,130 @@
+"""What the CLI commands share: error handling, model resolution, option definitions."""
+
+from __future__ import annotations
+
+import functools
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import typer
+
+from . import models as registry
+from .errors import LlamaSpecError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def friendly(command: F) -> F:
+    """Turn our errors and Ctrl-C into one line and an exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except LlamaSpecError as exc:
+            raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            typer.echo("", err=True)
+            raise fail("interrupted", 130) from None
+        except OSError as exc:
+            raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class FlashAttn(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+class Drafter(str, Enum):
+    model = "model"
+    ngram = "ngram"
+    hybrid = "hybrid"
+
+
+class Verify(str, Enum):
+    rejection = "rejection"
+    match = "match"
+
+
+def _progress_fetch(name: str) -> Path:
+    """Fetch a registered model with a progress bar on stderr (quiet when cached)."""
+    if registry.is_fetched(name):
+        return registry.model_path(name)
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(name, total=None)
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{name}: {what}")
+
+        path = registry.fetch(name, update)
+        bar.update(task, completed=1, total=1, description=f"{name}: ready")
+    return path
+
+
+def resolve_model(value: str) -> Path:
+    """A path to a GGUF file, or the name of a registered model (fetched on first use)."""
+    if value in registry.REGISTRY:
+        return _progress_fetch(value)
+    return Path(value).expanduser()
+
+
+def resolve_pair(target: Optional[str], draft: Optional[str]) -> tuple[Path, Optional[Path]]:
+    """No --target and no --draft: the default Qwen pair. --target alone: plain decoding."""
+    if target is None:
+        target = registry.DEFAULT_TARGET
+        draft = draft or registry.DEFAULT_DRAFT
+    return resolve_model(target), resolve_model(draft) if draft else None
+
+
+# Options shared by the commands that load models.
+TargetOpt = typer.Option(None, "--target", help="Target GGUF path or registered model name.")
+DraftOpt = typer.Option(None, "--draft", help="Draft GGUF path or registered model name.")
+KOpt = typer.Option("auto", "--k", help="Tokens drafted per step, or auto (cost-aware, per step).")
+DrafterOpt = typer.Option("model", "--drafter", help="model, ngram (prompt lookup) or hybrid.")
+ThreadsOpt = typer.Option(2, "--threads", help="CPU threads for both models.")
+CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
+GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")
+FlashOpt = typer.Option(FlashAttn.auto, "--flash-attn", help="Flash attention.")
+RepackOpt = typer.Option(True, "--repack/--no-repack", help="llama.cpp's repacked CPU weights (kernel choice).")
+StrictOpt = typer.Option(False, "--strict", help="Only verify sizes the audit found bit-exact on this model and build.")
+TemperatureOpt = typer.Option(0.0, "--temperature", help="0 = greedy.")
+TopKOpt = typer.Option(0, "--top-k", help="0 = off.")
+TopPOpt = typer.Option(1.0, "--top-p")
+MinPOpt = typer.Option(0.0, "--min-p")
+RepeatPenaltyOpt = typer.Option(1.0, "--repeat-penalty")
+SeedOpt = typer.Option(None, "--seed")
+VerifyOpt = typer.Option(Verify.rejection, "--verify", help="Sampling verification rule.")
+
+
+def parse_k(value: str) -> int | str:
+    """--k is a positive integer or 'auto'."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k <= 0:
+        raise LlamaSpecError(f"--k must be a positive integer or auto, got {value!r}")
+    return k
+
+
+def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                    seed: Optional[int]) -> Any:
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
