@@ -42,16 +42,23 @@ class CostModel:
 
 
 class AdaptiveK:
-    """Online acceptance estimates per draft position + a cost model -> the best k."""
+    """Online acceptance estimates per draft position + a cost model -> the best k.
 
-    def __init__(self, costs: CostModel, k_max: int = 8, prior_acceptance: float = 0.7,
-                 prior_weight: float = 4.0, decay: float = 0.97, probe_every: int = 16):
+    The prior is optimistic (a draft of the same family usually agrees 80-95 % of the time),
+    so a new generation starts speculating and backs off if the draft disappoints."""
+
+    def __init__(self, costs: CostModel, k_max: int = 8, prior_acceptance: float = 0.85,
+                 prior_weight: float = 4.0, decay: float = 0.97, probe_every: int = 16, probe_max: int = 256):
         if k_max < 1:
             raise ValueError("k_max must be at least 1")
         self.costs = costs
         self.k_max = k_max
         self.decay = decay
-        self.probe_every = probe_every  # while k=0 wins, still speculate now and then to keep learning
+        # While k=0 wins, still speculate now and then to keep learning; each probe that does
+        # not change the decision doubles the wait (a draft model must catch up on every
+        # token it skipped, so probing is not free).
+        self.probe_first, self.probe_max = probe_every, probe_max
+        self.probe_every = probe_every
         self._accepted = [prior_acceptance * prior_weight] * k_max
         self._seen = [prior_weight] * k_max
         self._plain_steps = 0
@@ -77,9 +84,13 @@ class AdaptiveK:
         best = max(range(limit + 1), key=rates.__getitem__)
         if best == 0 and limit > 0:
             self._plain_steps += 1
-            if self._plain_steps % self.probe_every == 0:
+            if self._plain_steps >= self.probe_every:
+                self._plain_steps = 0
+                self.probe_every = min(2 * self.probe_every, self.probe_max)
                 # Probe the most promising speculative k, so deeper positions are learned too.
                 return max(range(1, limit + 1), key=rates.__getitem__)
+        elif best > 0:
+            self.probe_every = self.probe_first
         return best
 
     def update(self, n_drafted: int, n_accepted: int) -> None:

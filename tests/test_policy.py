@@ -58,10 +58,12 @@ def test_expected_rate_picks_the_argmax():
     assert all(policy.expected_rate(k) >= policy.expected_rate(j) for j in range(9))
 
 
-def test_plain_choice_still_probes_now_and_then():
+def test_plain_choice_still_probes_with_backoff():
     policy = trained(STEEP, 0.2)
-    choices = [policy.choose() for _ in range(32)]
-    assert choices.count(0) == 30 and all(k >= 1 for k in choices if k)
+    choices = [policy.choose() for _ in range(16 + 32 + 64)]
+    probes = [i for i, k in enumerate(choices) if k]
+    assert probes == [15, 47, 111]  # after 16, then 32, then 64 plain steps
+    assert all(choices[i] >= 1 for i in probes)
 
 
 def test_choose_respects_max_k():
