@@ -29,7 +29,7 @@ from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 class BenchConfig:
     target: Path
     draft: Path | None
-    drafter: str = "model"
+    drafter: str = "auto"
     k: int | str = "auto"
     max_tokens: int = 128
     options: ModelOptions = field(default_factory=ModelOptions)

@@ -45,6 +45,7 @@ class FlashAttn(str, Enum):
 
 
 class Drafter(str, Enum):
+    auto = "auto"
     model = "model"
     ngram = "ngram"
     hybrid = "hybrid"
@@ -93,7 +94,8 @@ def resolve_pair(target: Optional[str], draft: Optional[str]) -> tuple[Path, Opt
 TargetOpt = typer.Option(None, "--target", help="Target GGUF path or registered model name.")
 DraftOpt = typer.Option(None, "--draft", help="Draft GGUF path or registered model name.")
 KOpt = typer.Option("auto", "--k", help="Tokens drafted per step, or auto (cost-aware, per step).")
-DrafterOpt = typer.Option("model", "--drafter", help="model, ngram (prompt lookup) or hybrid.")
+DrafterOpt = typer.Option(Drafter.auto, "--drafter",
+                          help="auto (hybrid with a draft), model, ngram (prompt lookup) or hybrid.")
 ThreadsOpt = typer.Option(2, "--threads", help="CPU threads for both models.")
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")

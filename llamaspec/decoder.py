@@ -30,8 +30,8 @@ from .verify import VerifyMode
 PathLike = str | os.PathLike[str]
 
 
-DrafterKind = Literal["model", "ngram", "hybrid"]
-DRAFTER_KINDS = ("model", "ngram", "hybrid")
+DrafterKind = Literal["auto", "model", "ngram", "hybrid"]
+DRAFTER_KINDS = ("auto", "model", "ngram", "hybrid")
 K_MAX = 8  # the longest draft `k="auto"` may choose
 NGRAM_MS_PER_TOKEN = 0.05  # a dictionary lookup: free next to any model evaluation
 
@@ -41,7 +41,7 @@ class SpeculativeDecoder:
 
     `drafter="model"` drafts with the `draft` GGUF, `"ngram"` by prompt lookup (no second
     model), `"hybrid"` with a long n-gram match when there is one and the draft model
-    otherwise. `k="auto"` measures this machine's costs once (cached) and picks the draft
+    otherwise; `"auto"` is hybrid with a draft and plain decoding without one. `k="auto"` measures this machine's costs once (cached) and picks the draft
     length each step to maximise expected tokens per second, down to plain steps.
     """
 
@@ -51,7 +51,7 @@ class SpeculativeDecoder:
         draft: PathLike | None = None,
         *,
         k: int | Literal["auto"] = "auto",
-        drafter: DrafterKind = "model",
+        drafter: DrafterKind = "auto",
         options: ModelOptions = ModelOptions(),
         verify: VerifyMode = "rejection",
         k_max: int = K_MAX,
@@ -93,6 +93,10 @@ class SpeculativeDecoder:
 
     def _build_drafter(self, draft: PathLike | None, kind: str, auto: bool,
                        min_draft_prob: float) -> Drafter | None:
+        if kind == "auto":
+            if draft is None:
+                return None
+            kind = "hybrid"
         verify_ms = eval_costs(self.target, list(range(1, self.k + 2))) if auto else {}
 
         def policy(draft_ms_per_token: float) -> AdaptiveK | None:

@@ -44,28 +44,26 @@ class CostModel:
 class AdaptiveK:
     """Online acceptance estimates per draft position + a cost model -> the best k.
 
-    The prior is optimistic (a draft of the same family usually agrees 80-95 % of the time),
-    so a new generation starts speculating and backs off if the draft disappoints."""
+    Each estimate is (prior pseudo-counts + observed counts); observed counts fade by `decay`
+    at every step, observed or not. So evidence ages: after a run of plain steps the
+    estimates drift back to the (optimistic) prior and speculation is tried again, which is
+    how a drafter that disappointed on one kind of text gets another chance on the next."""
 
     def __init__(self, costs: CostModel, k_max: int = 8, prior_acceptance: float = 0.85,
-                 prior_weight: float = 4.0, decay: float = 0.97, probe_every: int = 16, probe_max: int = 256):
+                 prior_weight: float = 2.0, decay: float = 0.98):
         if k_max < 1:
             raise ValueError("k_max must be at least 1")
         self.costs = costs
         self.k_max = k_max
         self.decay = decay
-        # While k=0 wins, still speculate now and then to keep learning; each probe that does
-        # not change the decision doubles the wait (a draft model must catch up on every
-        # token it skipped, so probing is not free).
-        self.probe_first, self.probe_max = probe_every, probe_max
-        self.probe_every = probe_every
-        self._accepted = [prior_acceptance * prior_weight] * k_max
-        self._seen = [prior_weight] * k_max
-        self._plain_steps = 0
+        self._prior_accepted = prior_acceptance * prior_weight
+        self._prior_seen = prior_weight
+        self._accepted = [0.0] * k_max
+        self._seen = [0.0] * k_max
 
     def acceptance(self) -> list[float]:
         """Estimated P(position i accepted | positions before it accepted), i = 1..k_max."""
-        return [a / s for a, s in zip(self._accepted, self._seen)]
+        return [(self._prior_accepted + a) / (self._prior_seen + s) for a, s in zip(self._accepted, self._seen)]
 
     def expected_tokens(self, k: int) -> float:
         expected, reach = 1.0, 1.0
@@ -80,24 +78,13 @@ class AdaptiveK:
 
     def choose(self, max_k: int | None = None) -> int:
         limit = self.k_max if max_k is None else min(max_k, self.k_max)
-        rates = [self.expected_rate(k) for k in range(limit + 1)]
-        best = max(range(limit + 1), key=rates.__getitem__)
-        if best == 0 and limit > 0:
-            self._plain_steps += 1
-            if self._plain_steps >= self.probe_every:
-                self._plain_steps = 0
-                self.probe_every = min(2 * self.probe_every, self.probe_max)
-                # Probe the most promising speculative k, so deeper positions are learned too.
-                return max(range(1, limit + 1), key=rates.__getitem__)
-        elif best > 0:
-            self.probe_every = self.probe_first
-        return best
+        self._accepted = [a * self.decay for a in self._accepted]
+        self._seen = [s * self.decay for s in self._seen]
+        return max(range(limit + 1), key=self.expected_rate)
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
         """Positions 1..n_accepted were accepted; position n_accepted+1 (if drafted) was not."""
         for i in range(min(n_drafted, self.k_max)):
-            self._accepted[i] *= self.decay
-            self._seen[i] *= self.decay
             self._seen[i] += 1.0
             if i < n_accepted:
                 self._accepted[i] += 1.0

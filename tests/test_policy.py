@@ -58,12 +58,15 @@ def test_expected_rate_picks_the_argmax():
     assert all(policy.expected_rate(k) >= policy.expected_rate(j) for j in range(9))
 
 
-def test_plain_choice_still_probes_with_backoff():
-    policy = trained(STEEP, 0.2)
-    choices = [policy.choose() for _ in range(16 + 32 + 64)]
-    probes = [i for i, k in enumerate(choices) if k]
-    assert probes == [15, 47, 111]  # after 16, then 32, then 64 plain steps
-    assert all(choices[i] >= 1 for i in probes)
+def test_after_plain_steps_evidence_ages_and_speculation_resumes():
+    policy = trained(FLAT, 0.2)
+    assert policy.choose() == 0
+    choices = [policy.choose() for _ in range(200)]
+    first = next(i for i, k in enumerate(choices) if k)
+    assert 10 < first < 200  # not at once, but it does try again
+    for _ in range(5):
+        policy.update(8, 0)  # and bad news stops it again
+    assert policy.choose() == 0
 
 
 def test_choose_respects_max_k():
