@@ -180,7 +180,9 @@ def print_table(report: dict) -> None:
                       f"{block['median_speculative_tps']:.2f}", f"[bold]{block['median_speedup']:.2f}x[/bold]",
                       f"{block['median_acceptance']:.2f}", "", f"{block['median_speculative_over_oracle']:.2f}",
                       f"{block['identical']}/{block['n_prompts']}")
-    Console().print(table)
+    import sys
+
+    Console(width=None if sys.stdout.isatty() else 160).print(table)  # a log file keeps every column
 
 
 def plot(report: dict, path: Path) -> None:

@@ -1,0 +1,70 @@
+"""`llamaspec bench` on the tiny models: the report's schema, not its speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from llamaspec.bench import first_divergence
+from llamaspec.errors import LlamaSpecError
+from llamaspec.prompts import load_prompts
+
+PER_PROMPT = {"id", "category", "n_prompt_tokens", "n_generated", "plain_tps", "speculative_tps", "speedup",
+              "acceptance_rate", "mean_accepted_per_step", "mean_verify_batch", "oracle_tps",
+              "speculative_over_oracle", "identical", "first_divergence", "reference_identical",
+              "reference_first_divergence", "plain", "speculative"}
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_bench_report_schema(stories, truncated_draft, tmp_path, drafter):
+    report_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run_cli("bench", "--target", stories, "--draft", truncated_draft, "--drafter", drafter,
+                     "--category", "code", "--category", "edit", "--limit", "3", "--max-tokens", "16",
+                     "--json", report_path, "--plot", plot_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    meta = report["meta"]
+    assert meta["threads"] == 2 and len(meta["target"]["sha256"]) == 64 and len(meta["draft"]["sha256"]) == 64
+    assert "AVX" in meta["build"] or "CPU" in meta["build"]
+    assert set(meta["verify_ms_by_batch"]) == {str(n) for n in range(1, 10)}
+    assert len(report["prompts"]) == 3
+    for record in report["prompts"]:
+        assert set(record) == PER_PROMPT
+        assert record["reference_identical"] is not None  # checked against llama-cpp-python's Llama
+        assert record["speedup"] > 0 and record["oracle_tps"] > 0
+    summary = report["summary"]
+    assert summary["overall"]["n_prompts"] == 3 and set(summary["by_category"]) <= {"code", "edit"}
+    assert sum(summary["accept_histogram"]) == sum(r["speculative"]["n_steps"] for r in report["prompts"])
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "median ALL" in result.stdout
+
+
+def test_bench_ngram_needs_no_draft(stories, tmp_path):
+    result = run_cli("bench", "--target", stories, "--drafter", "ngram", "--limit", "2", "--max-tokens", "16",
+                     "--no-reference", "--json", tmp_path / "b.json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["meta"]["draft"] is None
+
+
+def test_bench_bad_prompts_file(stories, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "category": "code"}\n')
+    result = run_cli("bench", "--target", stories, "--draft", stories, "--prompts", bad)
+    assert result.returncode != 0 and "line 1" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shipped_suite_has_five_categories_and_thirty_prompts():
+    prompts = load_prompts()
+    assert len(prompts) >= 30
+    assert {p["category"] for p in prompts} == {"code", "edit", "explain", "chat", "math"}
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    with pytest.raises(LlamaSpecError):
+        load_prompts(categories=["nope"])
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
