@@ -105,6 +105,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
                 tokens = encode(item["prompt"])
                 runs: dict[bool, tuple[list[int], dict]] = {}
                 for speculative in ((False, True) if index % 2 == 0 else (True, False)):
+                    decoder.reset()  # every run evaluates the whole prompt, like the reference
                     out = list(decoder.generate(tokens, max_tokens=config.max_tokens, speculative=speculative))
                     runs[speculative] = (out, decoder.stats.to_dict())
                 (plain, plain_stats), (spec, spec_stats) = runs[False], runs[True]

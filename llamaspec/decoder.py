@@ -115,6 +115,14 @@ class SpeculativeDecoder:
         model_drafter = DraftModelDrafter(self.draft_model, min_draft_prob, policy(draft_ms))
         return model_drafter if kind == "model" else HybridDrafter(ngram, model_drafter)
 
+    def reset(self) -> None:
+        """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.
+        (Reusing a cached prefix changes which batches the prompt is evaluated in, and with
+        it the floating-point result; comparisons between runs reset first.)"""
+        self.target.reset()
+        if self.draft_model is not None:
+            self.draft_model.reset()
+
     def close(self) -> None:
         if self.draft_model is not None:
             self.draft_model.close()

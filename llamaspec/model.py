@@ -411,6 +411,7 @@ def reference_greedy(path: str | os.PathLike[str], options: ModelOptions):
 
     def generate(prompt: Sequence[int], max_tokens: int) -> list[int]:
         out: list[int] = []
+        llm.reset()  # no reuse of a previous prompt's cache: evaluate this prompt whole, as a fresh run does
         for token in llm.generate(list(prompt), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
                                   repeat_penalty=1.0, reset=True):
             if _ll.llama_vocab_is_eog(llm._model.vocab, token):
