@@ -160,7 +160,7 @@ class SpeculativeDecoder:
         self.stats = GenerationStats(
             mode="speculative" if drafter else "plain",
             k=self.k_label if drafter else 0,
-            verify="greedy" if sampling.greedy else self.verify,
+            verify="greedy" if sampling.greedy else (self.verify if drafter else "sample"),
         )
         return generate_tokens(
             self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=self.k,
