@@ -19,7 +19,7 @@ from rich.text import Text
 from .chat_session import ChatSession, Turn
 from .cli_common import (
     CtxOpt, Drafter, DrafterOpt, DraftOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepeatPenaltyOpt, SeedOpt,
-    StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, Verify, VerifyOpt, friendly, parse_k,
+    StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, Verify, VerifyOpt, friendly, model_options, parse_k,
     resolve_pair, sampling_params,
 )
 from .errors import LlamaSpecError
@@ -267,13 +267,12 @@ def chat_command(
 ) -> None:
     """Chat in the terminal; answers are decoded speculatively."""
     from .decoder import SpeculativeDecoder
-    from .model import ModelOptions
 
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     k_value = parse_k(k)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value)
+    options = model_options(ctx, threads, gpu_layers, flash_attn)
     target_path, draft_path = resolve_pair(target, draft)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:

@@ -17,7 +17,7 @@ from .chat_cli import chat_command
 from .cli_common import (
     CtxOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
     RepeatPenaltyOpt, SeedOpt, StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, VerifyOpt,
-    _progress_fetch, fail, friendly, parse_k, resolve_model, resolve_pair, sampling_params,
+    _progress_fetch, fail, friendly, model_options, parse_k, resolve_model, resolve_pair, sampling_params,
 )
 from .errors import LlamaSpecError
 
@@ -54,14 +54,12 @@ def generate(
 ) -> None:
     """Generate text; with a draft model, speculatively."""
     from .decoder import SpeculativeDecoder
-    from .model import ModelOptions
 
     k_value = parse_k(k)
     if max_tokens < 0:
         raise LlamaSpecError(f"--max-tokens must be >= 0, got {max_tokens}")
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
-                           repack=repack)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack)
     target_path, draft_path = resolve_pair(target, draft)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:
@@ -109,14 +107,12 @@ def bench(
 ) -> None:
     """Plain vs speculative, alternating in one process over a prompt suite."""
     from .bench import BenchConfig, load_prompts, plot, print_table, run_bench
-    from .model import ModelOptions
 
     k_value = parse_k(k)
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     selected = load_prompts(prompts, category, limit)
-    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
-                           repack=repack)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack)
     if drafter == Drafter.ngram:
         target_path, draft_path = resolve_model(target or registry.DEFAULT_TARGET), None
     else:
@@ -153,15 +149,14 @@ def audit(
 ) -> None:
     """Is batched verification bit-identical to plain decoding on this model and build?"""
     from .audit import run_audit
-    from .model import Model, ModelOptions, system_info
+    from .model import Model, system_info
     from .prompts import load_prompts
 
     if batch_max < 2:
         raise LlamaSpecError(f"--batch-max must be at least 2, got {batch_max}")
     if max_tokens < batch_max + 1:
         raise LlamaSpecError(f"--max-tokens must exceed --batch-max, got {max_tokens}")
-    options = ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
-                           repack=repack)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack)
     with Model(resolve_model(target or registry.DEFAULT_TARGET), options) as model:
         from .chat import ChatFormat
 

@@ -124,6 +124,14 @@ def parse_k(value: str) -> int | str:
     return k
 
 
+def model_options(ctx: int, threads: int, gpu_layers: int, flash_attn: FlashAttn, repack: bool = True) -> Any:
+    """ModelOptions from the shared flags (it validates them)."""
+    from .model import ModelOptions
+
+    return ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
+                        repack=repack)
+
+
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                     seed: Optional[int]) -> Any:
     from .sampling import SamplingParams
