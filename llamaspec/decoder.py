@@ -41,8 +41,9 @@ class SpeculativeDecoder:
 
     `drafter="model"` drafts with the `draft` GGUF, `"ngram"` by prompt lookup (no second
     model), `"hybrid"` with a long n-gram match when there is one and the draft model
-    otherwise; `"auto"` is hybrid with a draft and plain decoding without one. `k="auto"` measures this machine's costs once (cached) and picks the draft
-    length each step to maximise expected tokens per second, down to plain steps.
+    otherwise; `"auto"` is hybrid with a draft and plain decoding without one. `k="auto"`
+    measures this machine's costs once (cached) and picks the draft length each step to
+    maximise expected tokens per second, down to plain steps.
     """
 
     def __init__(
