@@ -12,7 +12,6 @@ The result says which verify sizes are bit-exact, which `--strict` then restrict
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from .drafters import Draft
 from .model import Model, system_info
-from .models import cache_dir, sha256_cached
+from .models import remembered, sha256_cached
 from .sampling import Sampler
 from .speculative import StepTrace, generate_tokens
 
@@ -173,14 +172,8 @@ def strict_cache_key(model: Model) -> str:
 
 def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, batch_max: int = 9) -> int:
     """The k --strict may use on this model + build + settings, audited once and cached."""
-    store = cache_dir().parent / "strict.json"
-    known = json.loads(store.read_text()) if store.is_file() else {}
-    key = strict_cache_key(model)
-    if key not in known:
+    def audit() -> dict:
         report = run_audit(model, prompts, max_tokens, batch_max)
-        known[key] = {"max_k": report.max_exact_k(), "summary": report.sentence()}
-        store.parent.mkdir(parents=True, exist_ok=True)
-        partial = store.with_suffix(".partial")
-        partial.write_text(json.dumps(known, indent=1))
-        partial.replace(store)
-    return int(known[key]["max_k"])
+        return {"max_k": report.max_exact_k(), "summary": report.sentence()}
+
+    return int(remembered("strict", strict_cache_key(model), audit)["max_k"])

@@ -7,20 +7,14 @@ thread count and flash-attention setting, since they change with any of these.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 from .model import Model
-from .models import cache_dir
+from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
 N_CONTEXT = 64  # measure at a realistic cache depth, not at position 0
-
-
-def _cache_file() -> Path:
-    return cache_dir().parent / "costs.json"
 
 
 def _key(model: Model, sizes: list[int]) -> str:
@@ -53,14 +47,7 @@ def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 3) -> dict[in
     return result
 
 
-def eval_costs(model: Model, sizes: list[int], use_cache: bool = True) -> dict[int, float]:
+def eval_costs(model: Model, sizes: list[int]) -> dict[int, float]:
     """measure_eval_ms, remembered across runs."""
-    path, key = _cache_file(), _key(model, sizes)
-    cache = json.loads(path.read_text()) if use_cache and path.is_file() else {}
-    if key not in cache:
-        cache[key] = measure_eval_ms(model, sizes)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(cache, indent=1))
-        partial.replace(path)
-    return {int(n): float(ms) for n, ms in cache[key].items()}
+    costs = remembered("costs", _key(model, sizes), lambda: measure_eval_ms(model, sizes))
+    return {int(n): float(ms) for n, ms in costs.items()}

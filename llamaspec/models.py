@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import LlamaSpecError
 
@@ -213,19 +213,24 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def sha256_cached(path: Path) -> str:
-    """sha256 of a model file, remembered by (path, size, mtime): hashing 1 GB takes seconds."""
+def remembered(store: str, key: str, compute: Callable[[], Any]) -> Any:
+    """A JSON-able result kept in `<cache>/<store>.json` under `key`, computed only once.
+    The store is rewritten through a temporary name so an interrupted run never corrupts it."""
     import json
 
+    path = cache_dir().parent / f"{store}.json"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in known:
+        known[key] = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(known, indent=1))
+        partial.replace(path)
+    return known[key]
+
+
+def sha256_cached(path: Path) -> str:
+    """sha256 of a model file, remembered by (path, size, mtime): hashing 1 GB takes seconds."""
     path = Path(path)
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}"
-    store = cache_dir().parent / "sha256.json"
-    known = json.loads(store.read_text()) if store.is_file() else {}
-    if key not in known:
-        known[key] = sha256_file(path)
-        store.parent.mkdir(parents=True, exist_ok=True)
-        partial = store.with_suffix(".partial")
-        partial.write_text(json.dumps(known, indent=1))
-        partial.replace(store)
-    return known[key]
+    return remembered("sha256", f"{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}", lambda: sha256_file(path))
