@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from typing import Iterator, Literal, Sequence
 
@@ -71,10 +73,21 @@ class SpeculativeDecoder:
         self.target = Model(target, options)
         self.draft_model: Model | None = None
         self.strict_note = ""
+        self.min_draft_prob = min_draft_prob
+        self.drafter_kind = drafter
         try:
             if strict:
                 self._apply_strict()
-            self.drafter = self._build_drafter(draft, drafter, k == "auto", min_draft_prob) if self.k else None
+            if drafter == "auto":
+                self.drafter_kind = "hybrid" if draft is not None else "plain"
+            if self.drafter_kind in ("model", "hybrid") and self.k:
+                if draft is None:
+                    raise LlamaSpecError(f"the {self.drafter_kind} drafter needs a draft model")
+                # The draft stays local even when the target's layers are on RPC servers.
+                self.draft_model = Model(draft, dataclasses.replace(options, rpc_servers=()))
+                check_vocab_compatible(self.target, self.draft_model)
+            self._measure_costs(k == "auto")
+            self.drafter = self._make_drafter()
         except BaseException:
             self.close()
             raise
@@ -92,29 +105,35 @@ class SpeculativeDecoder:
         self.strict_note = (f"strict: verify sizes up to {max_k + 1} are bit-exact here, k <= {max_k}" if max_k else
                             "strict: no verify size is bit-exact on this model and build, decoding plainly")
 
-    def _build_drafter(self, draft: PathLike | None, kind: str, auto: bool,
-                       min_draft_prob: float) -> Drafter | None:
-        if kind == "auto":
-            if draft is None:
-                return None
-            kind = "hybrid"
-        verify_ms = eval_costs(self.target, list(range(1, self.k + 2))) if auto else {}
+    def _measure_costs(self, auto: bool) -> None:
+        """The adaptive policy's inputs (cached per model and machine); none for a fixed k."""
+        self.verify_ms = eval_costs(self.target, list(range(1, self.k + 2))) if auto and self.k else {}
+        self.draft_ms = eval_costs(self.draft_model, [1])[1] if auto and self.draft_model else 0.0
+
+    def _make_drafter(self) -> Drafter | None:
+        kind = self.drafter_kind
+        if kind == "plain" or not self.k:
+            return None
 
         def policy(draft_ms_per_token: float) -> AdaptiveK | None:
-            return AdaptiveK(CostModel(verify_ms, draft_ms_per_token), self.k) if auto else None
+            return AdaptiveK(CostModel(self.verify_ms, draft_ms_per_token), self.k) if self.verify_ms else None
 
         ngram = NgramDrafter(min_ngram=3 if kind == "hybrid" else 2, policy=policy(NGRAM_MS_PER_TOKEN))
         if kind == "ngram":
             return ngram
-        if draft is None:
-            if kind == "hybrid":
-                raise LlamaSpecError("the hybrid drafter needs a draft model")
-            return None
-        self.draft_model = Model(draft, self.target.options)
-        check_vocab_compatible(self.target, self.draft_model)
-        draft_ms = eval_costs(self.draft_model, [1])[1] if auto else 0.0
-        model_drafter = DraftModelDrafter(self.draft_model, min_draft_prob, policy(draft_ms))
+        assert self.draft_model is not None
+        model_drafter = DraftModelDrafter(self.draft_model, self.min_draft_prob, policy(self.draft_ms))
         return model_drafter if kind == "model" else HybridDrafter(ngram, model_drafter)
+
+    def with_models(self, target: Model, draft_model: Model | None) -> SpeculativeDecoder:
+        """This decoder's settings and measured costs on other Model objects, with fresh
+        drafter state: one decoder per server slot, on that slot's sequence views."""
+        other = copy.copy(self)
+        other.target, other.draft_model = target, draft_model
+        other.drafter = other._make_drafter()
+        other.chat_format = ChatFormat(target)
+        other.stats = GenerationStats()
+        return other
 
     def reset(self) -> None:
         """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.
@@ -155,8 +174,12 @@ class SpeculativeDecoder:
         speculative: bool = True,
         chat: bool = False,
         trace: Trace | None = None,
+        k: int | None = None,
     ) -> Iterator[int]:
-        """Yield token ids; `self.stats` describes this generation while and after it runs."""
+        """Yield token ids; `self.stats` describes this generation while and after it runs.
+        `k` lowers this call's longest draft below the decoder's (a per-request limit)."""
+        if k is not None and k <= 0:
+            raise LlamaSpecError(f"k must be at least 1, got {k}")
         drafter = self.drafter if speculative else None
         self.stats = GenerationStats(
             mode="speculative" if drafter else "plain",
@@ -164,7 +187,7 @@ class SpeculativeDecoder:
             verify="greedy" if sampling.greedy else (self.verify if drafter else "sample"),
         )
         return generate_tokens(
-            self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=self.k,
+            self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=min(k or self.k, self.k),
             max_tokens=max_tokens, sampler=Sampler(sampling), verify=self.verify, stats=self.stats,
             trace=trace,
         )

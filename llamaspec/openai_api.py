@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+from .errors import LlamaSpecError
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -52,17 +53,20 @@ class _Completion:
     """One generation: iterate for text pieces; finish_reason and usage are set once it ends."""
 
     def __init__(self, decoder: SpeculativeDecoder, prompt: list[int], max_tokens: int | None,
-                 sampling: SamplingParams, stop: str | Sequence[str] | None):
+                 sampling: SamplingParams, stop: str | Sequence[str] | None,
+                 speculative: Mapping[str, Any] | None):
         self.decoder = decoder
         self.prompt = prompt
         # As llama-cpp-python: None or <= 0 means "until the context is full".
         self.max_tokens = max_tokens if max_tokens and max_tokens > 0 else decoder.target.n_ctx - len(prompt)
         self.sampling = sampling
         self.stop = StopStrings(stop)
+        self.options = speculative_options(speculative)
         self.finish_reason = "length"
 
     def __iter__(self) -> Iterator[str]:
-        pieces = self.decoder.stream(self.prompt, max_tokens=self.max_tokens, sampling=self.sampling)
+        pieces = self.decoder.stream(self.prompt, max_tokens=self.max_tokens, sampling=self.sampling,
+                                     **self.options)
         try:
             for piece in pieces:
                 if text := self.stop.push(piece):
@@ -84,6 +88,21 @@ class _Completion:
 
     def speculative(self) -> dict[str, Any]:
         return self.decoder.stats.to_dict()
+
+
+def speculative_options(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The per-request `speculative` object: {"enabled": bool, "k": int} (both optional);
+    k caps the draft length below the decoder's own."""
+    spec = dict(spec or {})
+    unknown = set(spec) - {"enabled", "k"}
+    if unknown:
+        raise LlamaSpecError(f"unknown speculative option(s): {', '.join(sorted(unknown))} (use enabled, k)")
+    enabled, k = spec.get("enabled", True), spec.get("k")
+    if not isinstance(enabled, bool):
+        raise LlamaSpecError(f"speculative.enabled must be true or false, got {enabled!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise LlamaSpecError(f"speculative.k must be an integer >= 1, got {k!r}")
+    return {"speculative": enabled, "k": k}
 
 
 def _head(kind: str, decoder: SpeculativeDecoder, model: str | None) -> Chunk:
@@ -127,10 +146,11 @@ def create_completion(
     stop: str | list[str] | None = None,
     stream: bool = False,
     model: str | None = None,
+    speculative: Mapping[str, Any] | None = None,
 ) -> Chunk | Iterator[Chunk]:
     """`Llama.create_completion`: a "text_completion" dict, or its chunks with stream=True."""
     run = _Completion(decoder, decoder.prompt_tokens(prompt), max_tokens,
-                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop)
+                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
     head = _head("cmpl", decoder, model)
     return _text_chunks(run, head) if stream else _text_response(run, head)
 
@@ -168,11 +188,12 @@ def create_chat_completion(
     stop: str | list[str] | None = None,
     stream: bool = False,
     model: str | None = None,
+    speculative: Mapping[str, Any] | None = None,
 ) -> Chunk | Iterator[Chunk]:
     """`Llama.create_chat_completion` with the target's own chat template: a
     "chat.completion" dict, or "chat.completion.chunk" dicts with stream=True. Successive
     calls that extend one conversation reuse the KV cache for the shared prefix."""
     run = _Completion(decoder, decoder.chat_tokens(messages), max_tokens,
-                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop)
+                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
     head = _head("chatcmpl", decoder, model)
     return _chat_chunks(run, head) if stream else _chat_response(run, head)

@@ -1,0 +1,236 @@
+"""`llamaspec serve` driven by the real `openai` client and raw HTTP, on the tiny models.
+
+Each server is a subprocess on 127.0.0.1 (a free port it prints at start), stopped with
+SIGINT as a user would, and it must then exit cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from conftest import STORY_PROMPTS, run_cli
+
+TIE = 0.01  # a top-2 logit gap this small is a floating-point tie between batch shapes
+MAX_TOKENS = 48
+
+
+class Server:
+    def __init__(self, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llamaspec.cli", "serve", "--port", "0", "--threads", "2", *map(str, args)],
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.process.stderr is not None
+        self.log: list[str] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            if match := re.search(r"serving (\S+) on (http://127\.0\.0\.1:\d+)/v1", line):
+                self.model, self.url = match.group(1), match.group(2)
+                threading.Thread(target=self._drain, daemon=True).start()
+                return
+        self.process.kill()
+        pytest.fail("server did not start:\n" + "".join(self.log))
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+
+    def client(self, api_key: str = "none") -> OpenAI:
+        return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+
+    def metrics(self, headers: dict[str, str] | None = None) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", headers=headers).text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=60)
+        log = "".join(self.log)
+        assert code == 0, log
+        assert "Traceback" not in log, log
+
+
+@pytest.fixture(scope="module")
+def stories_server(stories: Path, truncated_draft: Path) -> Iterator[Server]:
+    server = Server("--target", stories, "--draft", truncated_draft, "--k", "3", "--parallel", "16", "--ctx", "256")
+    yield server
+    server.stop()
+
+
+def _complete(client: OpenAI, prompt: str, stream: bool, max_tokens: int = MAX_TOKENS) -> str:
+    if not stream:
+        response = client.completions.create(model="stories260K", prompt=prompt, max_tokens=max_tokens,
+                                             temperature=0)
+        return response.choices[0].text
+    chunks = client.completions.create(model="stories260K", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                       stream=True)
+    return "".join(chunk.choices[0].text for chunk in chunks)
+
+
+def test_openai_client_completions_and_chat_equal_generate(stories_server: Server, stories: Path,
+                                                          truncated_draft: Path) -> None:
+    client = stories_server.client()
+    assert [m.id for m in client.models.list().data] == ["stories260K"]
+    for prompt in STORY_PROMPTS[:3]:
+        result = run_cli("generate", prompt, "--target", stories, "--draft", truncated_draft, "--k", "3", "--raw",
+                         "--max-tokens", MAX_TOKENS, "--json")
+        assert result.returncode == 0, result.stderr
+        expected = json.loads(result.stdout)["text"]
+        assert _complete(client, prompt, stream=False) == expected
+        assert _complete(client, prompt, stream=True) == expected
+
+    result = run_cli("generate", "Tell me a story", "--target", stories, "--draft", truncated_draft, "--k", "3",
+                     "--chat", "--max-tokens", MAX_TOKENS, "--json")
+    expected = json.loads(result.stdout)["text"]
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    reply = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=MAX_TOKENS,
+                                           temperature=0)
+    assert reply.choices[0].message.content == expected
+    assert reply.usage.completion_tokens == MAX_TOKENS
+    chunks = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=MAX_TOKENS,
+                                            temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+
+
+def _divergence_is_tie(stories: Path, truncated_draft: Path, prompt: str, text: str) -> tuple[bool, str]:
+    """Locate the first token whose text the concurrent output does not continue, and
+    measure the sequential top-2 gap there."""
+    from llamaspec import ModelOptions, SpeculativeDecoder
+    from llamaspec.model import Model
+
+    with SpeculativeDecoder(stories, truncated_draft, k=3, drafter="model", options=ModelOptions(n_ctx=256)) as d:
+        tokens = list(d.generate(prompt, max_tokens=MAX_TOKENS))
+        index = next(i for i in range(len(tokens)) if not text.startswith(d.target.detokenize(tokens[: i + 1])))
+        with Model(stories, ModelOptions(n_ctx=256)) as model:
+            row = model.eval(d.target.tokenize(prompt) + tokens[:index])[-1]
+            top2 = np.sort(row)[-2:]
+    gap = float(top2[1] - top2[0])
+    return gap < TIE, f"{prompt!r}: diverges at token {index}, sequential top-2 gap {gap:.5f} (tie below {TIE})"
+
+
+def test_sixteen_concurrent_streams_match_solo_and_leak_nothing(stories_server: Server, stories: Path,
+                                                                truncated_draft: Path) -> None:
+    client = stories_server.client()
+    prompts = STORY_PROMPTS[:16]
+    start = stories_server.metrics()["llamaspec_batch_decodes_total"]
+    solo = {p: _complete(client, p, stream=False) for p in prompts}
+    before = stories_server.metrics()["llamaspec_batch_decodes_total"]
+    together: dict[str, str] = {}
+
+    def run(prompt: str) -> None:
+        together[prompt] = _complete(client, prompt, stream=True)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert set(together) == set(prompts)
+    for prompt in prompts:
+        if together[prompt] != solo[prompt]:
+            tie, detail = _divergence_is_tie(stories, truncated_draft, prompt, together[prompt])
+            print(detail)
+            assert tie, detail
+    metrics = stories_server.metrics()
+    # Shared batches: far fewer llama_decode rounds than the same 16 generations one by one.
+    assert metrics["llamaspec_batch_decodes_total"] - before < (before - start) / 3, (start, before, metrics)
+    assert metrics["llamaspec_slots_busy"] == 0
+    assert metrics["llamaspec_queue_depth"] == 0
+    kv = {k: v for k, v in metrics.items() if k.startswith("llamaspec_kv_tokens")}
+    assert len(kv) == 32 and not any(kv.values()), kv
+
+
+def test_disconnect_mid_stream_frees_the_slot(tiny_random: Path) -> None:
+    server = Server("--target", tiny_random, "--parallel", "1", "--ctx", "4096")
+    try:
+        body = {"prompt": "hello", "max_tokens": 4000, "temperature": 0, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            events = 0
+            for line in response.iter_lines():
+                events += line.startswith("data: ")
+                if events == 3:
+                    break  # leaving the block closes the connection mid-stream
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            metrics = server.metrics()
+            if metrics["llamaspec_slots_busy"] == 0:
+                break
+            time.sleep(0.2)
+        assert metrics["llamaspec_cancelled_total"] == 1, metrics
+        assert metrics["llamaspec_generated_tokens_total"] < 4000
+        assert metrics['llamaspec_kv_tokens{slot="0",model="target"}'] == 0
+        # The only slot is free again: a new request is served.
+        again = server.client().completions.create(model=server.model, prompt="hi", max_tokens=4, temperature=0)
+        assert again.usage.completion_tokens == 4
+    finally:
+        server.stop()
+
+
+def test_api_key_and_bad_requests_get_status_codes(stories: Path) -> None:
+    server = Server("--target", stories, "--api-key", "sekret", "--parallel", "2", "--ctx", "64",
+                    "--max-body", "4000")
+    key = {"Authorization": "Bearer sekret"}
+    url = server.url + "/v1/completions"
+    try:
+        assert httpx.post(url, json={"prompt": "hi"}).status_code == 401
+        assert httpx.post(url, json={"prompt": "hi"}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(server.url + "/metrics").status_code == 401
+        cases = {
+            "oversized body": (413, {"content": json.dumps({"prompt": "x" * 5000})}),
+            "malformed JSON": (400, {"content": b"{not json"}),
+            "not an object": (400, {"json": [1, 2]}),
+            "missing prompt": (400, {"json": {"max_tokens": 4}}),
+            "negative max_tokens": (400, {"json": {"prompt": "hi", "max_tokens": -1}}),
+            "unknown model": (400, {"json": {"prompt": "hi", "model": "gpt-4"}}),
+            "prompt longer than the context": (400, {"json": {"prompt": "the dog ran " * 40}}),
+            "k <= 0": (400, {"json": {"prompt": "hi", "speculative": {"k": 0}}}),
+            "unknown speculative option": (400, {"json": {"prompt": "hi", "speculative": {"q": 1}}}),
+        }
+        for name, (status, request) in cases.items():
+            response = httpx.post(url, headers={**key, "Content-Type": "application/json"}, **request)
+            assert response.status_code == status, (name, response.text)
+            assert response.json()["error"]["message"], name
+        chat = httpx.post(server.url + "/v1/chat/completions", headers=key, json={"messages": []})
+        assert chat.status_code == 400, chat.text
+        assert httpx.get(server.url + "/health").json()["status"] == "ok"
+        ok = server.client("sekret").completions.create(model="stories260K", prompt="hi", max_tokens=4,
+                                                         temperature=0, extra_body={"speculative": {"enabled": False}})
+        assert ok.usage.completion_tokens == 4
+        assert server.metrics(key)['llamaspec_requests_total{path="/v1/completions",status="413"}'] == 1
+    finally:
+        server.stop()
+
+
+def test_serve_bad_flags_exit_with_one_line(stories: Path) -> None:
+    for args in (["--port", "70000"], ["--parallel", "0"], ["--k", "0"]):
+        result = run_cli("serve", "--target", stories, *args)
+        assert result.returncode != 0
+        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    server = Server("--target", stories, "--parallel", "1")
+    try:
+        port = server.url.rsplit(":", 1)[1]
+        result = run_cli("serve", "--target", stories, "--port", port)
+        assert result.returncode != 0
+        assert result.stderr.strip().splitlines()[-1].startswith("error: cannot listen"), result.stderr
+    finally:
+        server.stop()
