@@ -21,7 +21,8 @@ def _key(model: Model, sizes: list[int]) -> str:
     stat = model.path.stat()
     options = model.options
     return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|threads={options.n_threads}"
-            f"|fa={options.flash_attn}|gpu={options.n_gpu_layers}|sizes={','.join(map(str, sizes))}")
+            f"|fa={options.flash_attn}|gpu={options.n_gpu_layers}|rpc={','.join(options.rpc_servers)}"
+            f"|sizes={','.join(map(str, sizes))}")
 
 
 def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 3) -> dict[int, float]:

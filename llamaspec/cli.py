@@ -15,7 +15,7 @@ import typer
 from . import models as registry
 from .chat_cli import chat_command
 from .cli_common import (
-    CtxOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
+    CtxOpt, TargetRpcOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
     RepeatPenaltyOpt, SeedOpt, StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, VerifyOpt,
     _progress_fetch, fail, friendly, model_options, parse_k, resolve_model, resolve_pair, sampling_params,
 )
@@ -40,6 +40,7 @@ def generate(
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
     repack: bool = RepackOpt,
+    target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
                                         help="Wrap the prompt in the chat template (default: when the model has one)."),
@@ -59,7 +60,7 @@ def generate(
     if max_tokens < 0:
         raise LlamaSpecError(f"--max-tokens must be >= 0, got {max_tokens}")
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = model_options(ctx, threads, gpu_layers, flash_attn, repack)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
     target_path, draft_path = resolve_pair(target, draft)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:
@@ -98,6 +99,7 @@ def bench(
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
     repack: bool = RepackOpt,
+    target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
     min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Stop drafting below this draft probability."),
     reference: bool = typer.Option(True, "--reference/--no-reference",
@@ -112,7 +114,7 @@ def bench(
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     selected = load_prompts(prompts, category, limit)
-    options = model_options(ctx, threads, gpu_layers, flash_attn, repack)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
     if drafter == Drafter.ngram:
         target_path, draft_path = resolve_model(target or registry.DEFAULT_TARGET), None
     else:
@@ -145,6 +147,7 @@ def audit(
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
     repack: bool = RepackOpt,
+    target_rpc: Optional[str] = TargetRpcOpt,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here."),
 ) -> None:
     """Is batched verification bit-identical to plain decoding on this model and build?"""
@@ -156,7 +159,7 @@ def audit(
         raise LlamaSpecError(f"--batch-max must be at least 2, got {batch_max}")
     if max_tokens < batch_max + 1:
         raise LlamaSpecError(f"--max-tokens must exceed --batch-max, got {max_tokens}")
-    options = model_options(ctx, threads, gpu_layers, flash_attn, repack)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
     with Model(resolve_model(target or registry.DEFAULT_TARGET), options) as model:
         from .chat import ChatFormat
 
@@ -175,6 +178,46 @@ def audit(
     typer.echo(report["summary"])
     if json_out:
         json_out.write_text(json.dumps(report, indent=1))
+
+
+@app.command()
+@friendly
+def serve(
+    target: Optional[str] = TargetOpt,
+    draft: Optional[str] = DraftOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default: this machine only)."),
+    port: int = typer.Option(8080, "--port", help="TCP port (0: any free port, printed at start)."),
+    parallel: int = typer.Option(4, "--parallel", help="Slots: requests decoded together in one shared batch."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LLAMASPEC_API_KEY",
+                                          help="Require 'Authorization: Bearer KEY' (also $LLAMASPEC_API_KEY)."),
+    ctx: int = typer.Option(4096, "--ctx", help="Context size of each slot, in tokens."),
+    k: str = KOpt,
+    drafter: Drafter = DrafterOpt,
+    threads: int = ThreadsOpt,
+    gpu_layers: int = GpuOpt,
+    flash_attn: FlashAttn = FlashOpt,
+    target_rpc: Optional[str] = TargetRpcOpt,
+    strict: bool = StrictOpt,
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model id clients use (default: the file name)."),
+    max_body: int = typer.Option(1 << 20, "--max-body", help="Largest request body in bytes (larger: 413)."),
+) -> None:
+    """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) with speculation."""
+    from .decoder import SpeculativeDecoder
+    from .server import serve as run_server
+
+    k_value = parse_k(k)
+    if not 0 <= port <= 65535:
+        raise LlamaSpecError(f"--port must be between 0 and 65535, got {port}")
+    if max_body < 1:
+        raise LlamaSpecError(f"--max-body must be at least 1 byte, got {max_body}")
+    options = model_options(ctx, threads, gpu_layers, flash_attn, n_seq=parallel, target_rpc=target_rpc)
+    target_path, draft_path = resolve_pair(target, draft)
+    with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
+                            strict=strict) as decoder:
+        if decoder.strict_note:
+            typer.echo(decoder.strict_note, err=True)
+        run_server(decoder, host=host, port=port, n_slots=parallel, n_ctx=ctx, api_key=api_key,
+                   model_id=model_name or target_path.stem, max_body_bytes=max_body)
 
 
 @models_app.command("list")

@@ -101,6 +101,9 @@ CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")
 FlashOpt = typer.Option(FlashAttn.auto, "--flash-attn", help="Flash attention.")
 RepackOpt = typer.Option(True, "--repack/--no-repack", help="llama.cpp's repacked CPU weights (kernel choice).")
+TargetRpcOpt = typer.Option(None, "--target-rpc", metavar="HOST:PORT[,HOST:PORT...]",
+                            help="Put the target's layers on llama.cpp rpc-servers (scripts/build_rpc.sh); "
+                                 "the draft stays local. Trusted networks only.")
 StrictOpt = typer.Option(False, "--strict", help="Only verify sizes the audit found bit-exact on this model and build.")
 TemperatureOpt = typer.Option(0.0, "--temperature", help="0 = greedy.")
 TopKOpt = typer.Option(0, "--top-k", help="0 = off.")
@@ -124,12 +127,13 @@ def parse_k(value: str) -> int | str:
     return k
 
 
-def model_options(ctx: int, threads: int, gpu_layers: int, flash_attn: FlashAttn, repack: bool = True) -> Any:
+def model_options(ctx: int, threads: int, gpu_layers: int, flash_attn: FlashAttn, repack: bool = True,
+                  n_seq: int = 1, target_rpc: Optional[str] = None) -> Any:
     """ModelOptions from the shared flags (it validates them)."""
     from .model import ModelOptions
 
     return ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
-                        repack=repack)
+                        repack=repack, n_seq=n_seq, rpc_servers=target_rpc or ())
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,

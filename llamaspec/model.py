@@ -3,7 +3,8 @@
 A `Model` owns one llama_model, one llama_context and one reusable llama_batch, and frees
 all three on `close()` / context-manager exit. It tracks the tokens held in its KV cache
 (sequence 0), so callers can evaluate new tokens, read logits as numpy views, and roll the
-cache back to any prefix.
+cache back to any prefix. A context made with `n_seq > 1` also holds that many sequences
+side by side, decoded together by `decode_many` (the server's shared batch).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import collections
 import ctypes
 import functools
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
@@ -34,7 +36,7 @@ _FLASH_ATTN = {
     "off": _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
 _GGML_LOG_LEVEL_ERROR = 4
-_SEQ = 0  # every Model here decodes a single sequence
+_SEQ = 0  # the sequence of the single-sequence API (eval, rollback, tokens)
 
 # llama.cpp logs through one process-wide callback; we keep its recent errors so a failed
 # load can say why in one line instead of dumping pages of loader output on stderr.
@@ -47,7 +49,7 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     if level == _GGML_LOG_LEVEL_ERROR and message.strip():
         _recent_errors.append(message.strip())
     if os.environ.get("LLAMASPEC_LOG"):
-        print(message, end="", file=__import__("sys").stderr)
+        print(message, end="", file=sys.stderr)
 
 
 @functools.cache
@@ -76,6 +78,8 @@ class ModelOptions:
     n_gpu_layers: int = 0
     flash_attn: FlashAttn = "auto"
     repack: bool = True  # llama.cpp's repacked CPU weight layouts (faster batches, other kernels)
+    n_seq: int = 1  # sequences in the context, each with up to n_ctx tokens (server slots)
+    rpc_servers: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers that hold the layers
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -84,8 +88,18 @@ class ModelOptions:
             raise LlamaSpecError(f"threads must be at least 1, got {self.n_threads}")
         if self.n_batch < 1:
             raise LlamaSpecError(f"batch size must be at least 1, got {self.n_batch}")
+        if not 1 <= self.n_seq <= 256:
+            raise LlamaSpecError(f"parallel sequences must be between 1 and 256, got {self.n_seq}")
         if self.flash_attn not in _FLASH_ATTN:
             raise LlamaSpecError(f"flash attention must be auto, on or off, got {self.flash_attn!r}")
+        servers = tuple(self.rpc_servers.split(",") if isinstance(self.rpc_servers, str) else self.rpc_servers)
+        object.__setattr__(self, "rpc_servers", servers)
+        for server in servers:
+            host, _, port = str(server).rpartition(":")
+            if not host or ":" in host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise LlamaSpecError(f"an RPC server is HOST:PORT (IPv4 address or host name), got {server!r}")
+        if len(set(servers)) != len(servers):
+            raise LlamaSpecError(f"RPC servers listed twice: {','.join(servers)}")
 
 
 class Model:
@@ -102,6 +116,7 @@ class Model:
         model_params = _ll.llama_model_default_params()
         model_params.n_gpu_layers = options.n_gpu_layers
         model_params.use_extra_bufts = options.repack
+        _place_on_rpc_servers(model_params, options.rpc_servers)
         self._model = _ll.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {self._last_error()}")
@@ -110,7 +125,9 @@ class Model:
         except BaseException:
             self.close()
             raise
-        self.tokens: list[int] = []  # what the KV cache holds, position by position
+        # What the KV cache holds, per sequence, position by position.
+        self.seq_tokens: list[list[int]] = [[] for _ in range(options.n_seq)]
+        self.tokens: list[int] = self.seq_tokens[_SEQ]
         # Recurrent state can't be cut at an arbitrary position: keep (n_tokens, state) snapshots.
         self._snapshots: list[tuple[int, bytes]] = []
         self.n_evaluated = 0  # tokens decoded over this Model's life (KV reuse is visible here)
@@ -118,10 +135,13 @@ class Model:
     def _init_context(self) -> None:
         options = self.options
         ctx_params = _ll.llama_context_default_params()
-        ctx_params.n_ctx = options.n_ctx
+        ctx_params.n_ctx = options.n_ctx * options.n_seq
         ctx_params.n_batch = options.n_batch
         ctx_params.n_ubatch = options.n_batch
-        ctx_params.n_seq_max = 1
+        ctx_params.n_seq_max = options.n_seq
+        # One KV buffer for all sequences: a batch mixing sequences of different lengths
+        # stays one ubatch (per-sequence buffers would split it into equal-length pieces).
+        ctx_params.kv_unified = True
         ctx_params.n_threads = options.n_threads
         ctx_params.n_threads_batch = options.n_threads
         ctx_params.flash_attn_type = _FLASH_ATTN[options.flash_attn]
@@ -268,11 +288,7 @@ class Model:
         """
         if not tokens:
             raise ValueError("eval needs at least one token")
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextFullError(
-                f"{self.n_past + len(tokens)} tokens do not fit in the context of {self.n_ctx}; "
-                "use a shorter prompt or a larger --ctx"
-            )
+        self._check_room(len(tokens))
         if self.needs_state_rollback:
             self._snapshot()
         n_batch = self.n_batch
@@ -280,58 +296,126 @@ class Model:
         for start in range(0, len(tokens), n_batch):
             chunk = tokens[start : start + n_batch]
             last_chunk = start + n_batch >= len(tokens)
-            n_out = self._decode(chunk, all_logits, last_chunk)
+            n_out = self._decode([(_SEQ, chunk, all_logits, last_chunk)])
             if n_out:
                 chunks.append(self._logits_view(n_out))
                 if len(tokens) > n_batch and all_logits:
                     chunks[-1] = chunks[-1].copy()  # the next chunk overwrites the buffer
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
-    def _decode(self, chunk: Sequence[int], all_logits: bool, last_chunk: bool) -> int:
+    def decode_many(self, items: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray]:
+        """Decode several sequences' new tokens together: (seq, tokens, all_logits) each.
+
+        Rows of all items share llama_decode calls (as few as n_batch allows), so N
+        sequences cost one batched pass instead of N. Returns, per item, a copy of its
+        logits rows: every row with all_logits, else the last one.
+        """
+        seqs = [seq for seq, _, _ in items]
+        if len(set(seqs)) != len(seqs) or not all(0 <= seq < len(self.seq_tokens) for seq in seqs):
+            raise ValueError(f"decode_many needs distinct sequences below {len(self.seq_tokens)}, got {seqs}")
+        if self.needs_state_rollback and len(self.seq_tokens) > 1:
+            raise LlamaSpecError(f"{self.path.name} keeps recurrent state, which parallel sequences do not support")
+        self._check_room(sum(len(tokens) for _, tokens, _ in items))
+        results: list[list[np.ndarray]] = [[] for _ in items]
+        parts: list[tuple[int, Sequence[int], bool, bool]] = []
+        owners: list[int] = []
+
+        def flush() -> None:
+            view, row = self._logits_view(self._decode(parts)), 0
+            for owner, (_, tokens, all_rows, last_row) in zip(owners, parts):
+                n_rows = len(tokens) if all_rows else int(last_row)
+                if n_rows:
+                    results[owner].append(view[row : row + n_rows].copy())
+                    row += n_rows
+            parts.clear()
+            owners.clear()
+
+        size = 0
+        for owner, (seq, tokens, all_logits) in enumerate(items):
+            if not tokens:
+                raise ValueError("decode_many needs at least one token per sequence")
+            start = 0
+            while start < len(tokens):
+                end = min(len(tokens), start + self.n_batch - size)
+                parts.append((seq, tokens[start:end], all_logits, end == len(tokens)))
+                owners.append(owner)
+                size, start = size + end - start, end
+                if size == self.n_batch:
+                    flush()
+                    size = 0
+        if parts:
+            flush()
+        return [rows[0] if len(rows) == 1 else np.concatenate(rows) for rows in results]
+
+    def _check_room(self, n_new: int) -> None:
+        n_cached = sum(len(tokens) for tokens in self.seq_tokens)
+        if n_cached + n_new > self.n_ctx:
+            raise ContextFullError(
+                f"{n_cached + n_new} tokens do not fit in the context of {self.n_ctx}; "
+                "use a shorter prompt or a larger --ctx"
+            )
+
+    def _decode(self, parts: Sequence[tuple[int, Sequence[int], bool, bool]]) -> int:
+        """One llama_decode of (seq, tokens, logits on every row, logits on the last row)
+        parts; returns the number of logits rows it produced."""
         batch = self._batch
         assert batch is not None, "model is closed"
-        n = len(chunk)
-        pos0 = self.n_past
-        for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = pos0 + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = _SEQ
-            batch.logits[i] = all_logits or (last_chunk and i == n - 1)
+        n = n_out = 0
+        for seq, tokens, all_rows, last_row in parts:
+            pos0 = len(self.seq_tokens[seq])
+            for i, token in enumerate(tokens):
+                batch.token[n] = token
+                batch.pos[n] = pos0 + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq
+                batch.logits[n] = all_rows or (last_row and i == len(tokens) - 1)
+                n += 1
+            n_out += len(tokens) if all_rows else int(last_row)
         batch.n_tokens = n
         rc = _ll.llama_decode(self._ctx, batch)
         if rc != 0:
             # A failed decode may leave part of the batch in the cache: drop it.
-            _ll.llama_memory_seq_rm(self._memory, _SEQ, pos0, -1)
+            for seq, _, _, _ in parts:
+                _ll.llama_memory_seq_rm(self._memory, seq, len(self.seq_tokens[seq]), -1)
             raise LlamaSpecError(f"llama_decode failed with code {rc}: {self._last_error()}")
-        self.tokens.extend(chunk)
+        for seq, tokens, _, _ in parts:
+            self.seq_tokens[seq].extend(tokens)
         self.n_evaluated += n
-        return n if all_logits else int(last_chunk)
+        return n_out
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         pointer = _ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab))
 
-    def rollback(self, n_keep: int) -> None:
-        """Keep the first `n_keep` cached tokens and forget the rest.
+    def rollback(self, n_keep: int, seq: int = _SEQ) -> None:
+        """Keep the first `n_keep` cached tokens of a sequence and forget the rest.
 
         Attention caches cut the tail directly. Recurrent/hybrid caches can't
         (llama_memory_seq_rm returns False): restore the newest snapshot taken at or before
-        n_keep and re-decode the kept tokens after it.
+        n_keep and re-decode the kept tokens after it (sequence 0 only).
         """
-        if not 0 <= n_keep <= self.n_past:
-            raise ValueError(f"cannot keep {n_keep} of {self.n_past} cached tokens")
-        if n_keep == self.n_past:
+        tokens = self.seq_tokens[seq]
+        if not 0 <= n_keep <= len(tokens):
+            raise ValueError(f"cannot keep {n_keep} of {len(tokens)} cached tokens")
+        if n_keep == len(tokens):
             return
-        if not self.needs_state_rollback and _ll.llama_memory_seq_rm(self._memory, _SEQ, n_keep, -1):
-            del self.tokens[n_keep:]
+        if not self.needs_state_rollback and _ll.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
+            del tokens[n_keep:]
             return
+        if seq != _SEQ:
+            raise LlamaSpecError(f"cannot roll back sequence {seq} of {self.path.name}: the cache refused")
         self._restore(n_keep)
+
+    def kv_tokens(self, seq: int) -> int:
+        """Positions llama.cpp's cache holds for a sequence (0 when empty), read from the
+        cache itself: the check that bookkeeping and cache agree (no leaked sequences)."""
+        return int(_ll.llama_memory_seq_pos_max(self._memory, seq)) + 1
 
     def reset(self) -> None:
         """Empty the cache (a new, unrelated conversation)."""
         _ll.llama_memory_clear(self._memory, True)
-        self.tokens.clear()
+        for tokens in self.seq_tokens:
+            tokens.clear()
         self._snapshots.clear()
 
     # -- state snapshots (recurrent / hybrid memory) ----------------------------------------
@@ -428,3 +512,155 @@ def system_info() -> str:
     """The CPU features llama.cpp was compiled with (AVX2 = 1, ...): the build, in one line."""
     _init_backend()
     return (_ll.llama_print_system_info() or b"").decode("utf-8", "replace").strip()
+
+
+# The llama.cpp in llama-cpp-python 0.3.36 speaks RPC protocol 7.0 (ggml-rpc.h); HELLO is
+# command 14 in every version. Objects llama.cpp keeps pointers to live here for good.
+_RPC_PROTO, _RPC_HELLO, _RPC_CAPS = (7, 0), 14, 24
+_rpc_keep: dict[str, object] = {"servers": {}}
+
+
+def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequence[str]) -> None:
+    """Put a model's layers on llama.cpp `rpc-server` processes (ggml's RPC backend).
+
+    Only this model's params name the RPC devices, so other models (the draft) stay local.
+    All layers go to the servers, split by their free memory (n_gpu_layers > 0 sends that
+    many and keeps the rest local). llama.cpp's RPC client connects and receives without a
+    time limit and aborts the process on any failed call (GGML_ABORT in ggml-rpc.cpp), so:
+    each server is checked here first, with a 5 s timeout and an RPC HELLO (refused, silent,
+    busy with another client or another protocol version: LlamaSpecError, process intact);
+    after loading, the model's RPC sockets get TCP_USER_TIMEOUT and a receive timeout
+    (LLAMASPEC_RPC_TIMEOUT seconds, default 120), so a vanished host or a hung server fails
+    instead of hanging; and a ggml abort callback turns llama.cpp's abort on a lost server
+    into one line on stderr and exit status 1. Nothing can keep the process alive after
+    that: llama.cpp has no way back from a failed RPC call.
+    """
+    import socket
+    import struct
+
+    if not servers:
+        return
+    if not _ll.llama_supports_rpc():
+        raise LlamaSpecError("this llama-cpp-python was built without RPC support; run scripts/build_rpc.sh "
+                             "(it rebuilds it with -DGGML_RPC=ON and builds rpc-server)")
+    timeout = float(os.environ.get("LLAMASPEC_RPC_TIMEOUT") or 120)
+    known: dict[str, tuple[str, int]] = _rpc_keep["servers"]  # type: ignore[assignment]
+
+    def address(server: str) -> tuple[str, int]:  # IPv4 only, like llama.cpp (gethostbyname)
+        host, _, port = server.rpartition(":")
+        try:
+            return socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)[0][4][:2]
+        except OSError as exc:
+            raise LlamaSpecError(f"RPC server {server}: cannot resolve {host!r} ({exc.strerror or exc})") from None
+
+    for server in servers:
+        addr = address(server)
+        try:
+            with socket.create_connection(addr, timeout=5.0) as sock:
+                sock.sendall(struct.pack("<BQ", _RPC_HELLO, _RPC_CAPS) + bytes(_RPC_CAPS))
+                reply = b""
+                while len(reply) < 8 + 4 + _RPC_CAPS:
+                    chunk = sock.recv(8 + 4 + _RPC_CAPS - len(reply))
+                    if not chunk:
+                        raise EOFError
+                    reply += chunk
+        except ConnectionRefusedError:
+            raise LlamaSpecError(f"RPC server {server} refused the connection: is rpc-server running there?") from None
+        except TimeoutError:
+            raise LlamaSpecError(f"RPC server {server} did not answer within 5 s (rpc-server serves one client at "
+                                 "a time: is another process using it? else check host, port and firewall)") from None
+        except EOFError:
+            raise LlamaSpecError(f"RPC server {server} closed the connection during the handshake: not an "
+                                 "rpc-server of this llama.cpp version? (scripts/build_rpc.sh builds one)") from None
+        except OSError as exc:
+            raise LlamaSpecError(f"RPC server {server}: {exc.strerror or exc}") from None
+        size, major, minor, patch = struct.unpack_from("<QBBB", reply)
+        if size != 4 + _RPC_CAPS or major != _RPC_PROTO[0] or minor > _RPC_PROTO[1]:
+            raise LlamaSpecError(f"RPC server {server} speaks RPC protocol {major}.{minor}.{patch}, this "
+                                 f"llama-cpp-python {_RPC_PROTO[0]}.{_RPC_PROTO[1]}: build rpc-server from the "
+                                 "same llama-cpp-python (scripts/build_rpc.sh)")
+        known[server] = addr
+
+    lib = ctypes.CDLL(_ll.llama_cpp._lib._name)  # libllama's handle also finds ggml's symbols
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+    if "abort" not in _rpc_keep:
+        abort_callback_t = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+        @abort_callback_t
+        def on_abort(message: bytes | None) -> None:
+            text = (message or b"").decode("utf-8", "replace").strip()
+            if "ggml-rpc" not in text:  # not ours: llama.cpp's message, then its abort() as before
+                os.write(2, text.encode() + b"\n")
+                return
+            down = []
+            for name, addr in sorted(known.items()):
+                try:
+                    socket.create_connection(addr, timeout=1.0).close()
+                except OSError as exc:
+                    down.append(f"{name} ({'refused' if isinstance(exc, ConnectionRefusedError) else 'no answer'})")
+            what = (f"RPC server {', '.join(down)} is gone" if down else f"an RPC server ({', '.join(known)}) stopped "
+                    f"answering or the connection broke (receive timeout {timeout:g} s)")
+            os.write(2, f"error: {what}; llama.cpp: {text.split(': ', 1)[-1]}; it cannot continue after a failed "
+                        "RPC call, so this process exits\n".encode())
+            os._exit(1)
+
+        lib.ggml_set_abort_callback.restype = ctypes.c_void_p
+        lib.ggml_set_abort_callback.argtypes = [abort_callback_t]
+        lib.ggml_set_abort_callback(on_abort)
+        _rpc_keep["abort"] = on_abort
+
+    add_server_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+    rpc_reg = lib.ggml_backend_reg_by_name(b"RPC")
+    add_server = add_server_t(lib.ggml_backend_reg_get_proc_address(rpc_reg, b"ggml_backend_rpc_add_server"))
+    devices: list[int] = []
+    for server in servers:
+        reg = add_server(server.encode())  # connects (checked above) and lists the server's devices
+        devices += [lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg) if reg else 0)]
+    if not devices:
+        raise LlamaSpecError(f"the RPC servers {','.join(servers)} offer no devices")
+    array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
+    _rpc_keep[",".join(servers)] = array
+    model_params.devices = ctypes.addressof(array)
+    if model_params.n_gpu_layers == 0:
+        model_params.n_gpu_layers = -1
+
+    def guard_sockets() -> None:
+        """TCP_USER_TIMEOUT and SO_RCVTIMEO/SO_SNDTIMEO on this process's sockets to the servers
+        (through libc on the raw descriptors: a Python socket object could change their blocking mode)."""
+        libc, peers = ctypes.CDLL(None, use_errno=True), set(known.values())
+        sockaddr, length = ctypes.create_string_buffer(128), ctypes.c_uint32()
+        user_timeout = ctypes.c_uint(int(min(timeout, 30) * 1000))
+        tv = ctypes.create_string_buffer(struct.pack("@ll", int(timeout), int(timeout % 1 * 1e6)))
+        for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+            try:
+                if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                    continue
+            except OSError:
+                continue
+            fd, length.value = int(name), 128
+            if libc.getpeername(fd, sockaddr, ctypes.byref(length)) != 0:
+                continue
+            family, port = struct.unpack_from("=H", sockaddr.raw)[0], struct.unpack_from("!H", sockaddr.raw, 2)[0]
+            if family != socket.AF_INET or (socket.inet_ntoa(sockaddr.raw[4:8]), port) not in peers:
+                continue
+            libc.setsockopt(fd, socket.IPPROTO_TCP, 18, ctypes.byref(user_timeout), 4)  # TCP_USER_TIMEOUT
+            if timeout > 0:
+                libc.setsockopt(fd, socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv, len(tv.raw))
+                libc.setsockopt(fd, socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv, len(tv.raw))
+
+    @_ll.llama_progress_callback
+    def on_progress(progress: float, _user_data: ctypes.c_void_p) -> bool:
+        if progress >= 1.0:  # weights are on the servers: the connections exist now
+            guard_sockets()
+        return True
+
+    _rpc_keep["progress:" + ",".join(servers)] = on_progress
+    model_params.progress_callback = on_progress

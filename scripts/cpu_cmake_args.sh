@@ -22,4 +22,7 @@ add avx512_vnni GGML_AVX512_VNNI
 add avx512_bf16 GGML_AVX512_BF16
 add avx_vnni GGML_AVX_VNNI
 args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+# The RPC client backend (llamaspec --target-rpc): no devices until servers are added, so local
+# inference is unchanged (logits checked bit-identical with and without it).
+args+=" -DGGML_RPC=ON"
 echo "$args ${CMAKE_ARGS:-}"

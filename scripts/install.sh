@@ -16,3 +16,5 @@ if [[ -n "${LLAMASPEC_REBUILD:-}" ]] || ! .venv/bin/python -c \
   .venv/bin/python -m pip install --no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36
 fi
 .venv/bin/python -m pip install -q -e ".[test,plot]"
+# llama.cpp's rpc-server from the same sdist, linked against this build (seconds): --target-rpc.
+scripts/build_rpc.sh >/dev/null
