@@ -303,6 +303,9 @@ def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig
             raise ApiError(400, str(exc)) from None
         if not prompt:
             raise ApiError(400, "the prompt is empty", param="prompt")
+        if not all(0 <= token < decoder.target.n_vocab for token in prompt):
+            # Checked here: a bad id inside a shared decode round would fail every slot in it.
+            raise ApiError(400, f"prompt token ids must be in [0, {decoder.target.n_vocab})", param="prompt")
         if len(prompt) >= pool.n_ctx:
             raise ApiError(400, f"the prompt has {len(prompt)} tokens; a slot's context holds {pool.n_ctx}",
                            param="prompt")

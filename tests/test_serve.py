@@ -203,6 +203,7 @@ def test_api_key_and_bad_requests_get_status_codes(stories: Path) -> None:
             "negative max_tokens": (400, {"json": {"prompt": "hi", "max_tokens": -1}}),
             "unknown model": (400, {"json": {"prompt": "hi", "model": "gpt-4"}}),
             "prompt longer than the context": (400, {"json": {"prompt": "the dog ran " * 40}}),
+            "token id out of range": (400, {"json": {"prompt": [1, 99999]}}),
             "k <= 0": (400, {"json": {"prompt": "hi", "speculative": {"k": 0}}}),
             "unknown speculative option": (400, {"json": {"prompt": "hi", "speculative": {"q": 1}}}),
         }
