@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from typing import Iterator
 
 import pexpect
@@ -129,8 +130,12 @@ def test_ctrl_c_stops_an_answer_and_keeps_the_cache(stories, truncated_draft):
     n2, evaluated2, prompt2 = status(term.prompt())
     # The interrupted answer stays in the conversation and in both caches.
     assert evaluated2 <= prompt2 - prompt1 - n1 + 1
-    term.child.sendintr()  # at the prompt: a hint, then a second Ctrl-C leaves
+    # At the prompt: a hint, then a second Ctrl-C leaves. Wait until input() is inside
+    # readline's select(): a SIGINT that lands just before it is only noticed at the next key.
+    time.sleep(0.5)
+    term.child.sendintr()
     assert "Ctrl-C again" in term.prompt()
+    time.sleep(0.5)
     term.child.sendintr()
     term.leave()
 
