@@ -1,8 +1,8 @@
 """Measure what a verify batch and a draft token cost on this machine, once per model pair.
 
 The adaptive policy needs the target's cost for each batch size (not monotonic on CPU) and
-the drafter's cost per token. Results are cached per model file (path, size, mtime),
-thread count and flash-attention setting, since they change with any of these.
+the drafter's cost per token. Results are cached per model file (path, size, mtime), llama.cpp
+build, thread count and flash-attention setting, since they change with any of these.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .model import Model
+from .model import Model, system_info
 from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -20,7 +20,8 @@ N_CONTEXT = 64  # measure at a realistic cache depth, not at position 0
 def _key(model: Model, sizes: list[int]) -> str:
     stat = model.path.stat()
     options = model.options
-    return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|threads={options.n_threads}"
+    # The build is part of the key: a patched or differently compiled llama.cpp has other costs.
+    return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{system_info()}|threads={options.n_threads}"
             f"|fa={options.flash_attn}|gpu={options.n_gpu_layers}|rpc={','.join(options.rpc_servers)}"
             f"|sizes={','.join(map(str, sizes))}")
 
