@@ -30,6 +30,7 @@ from .decoder import SpeculativeDecoder
 from .errors import LlamaSpecError
 from .openai_api import create_chat_completion, create_completion, speculative_options
 from .shared_batch import Cancelled, SequenceView, SharedBatch
+from .speculative import GenerationStats
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -176,6 +177,7 @@ class SlotPool:
         free = self.free_queue()
 
         def work() -> None:
+            slot.decoder.stats = GenerationStats()  # a job that fails early must not recount the last one
             try:
                 with self.batch.working():
                     result = job(slot.decoder)
