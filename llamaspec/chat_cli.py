@@ -236,12 +236,18 @@ def run_chat(decoder: SpeculativeDecoder, *, system: str | None = None, max_toke
         import readline  # noqa: F401  line editing and history for input()
     except ImportError:  # pragma: no cover - not on every platform
         pass
+    # Ctrl-C must reach the prompt even when the chat was started with SIGINT ignored (a
+    # background job of a non-interactive shell passes that on): answers already take it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     console = console or Console(highlight=False)
     session = ChatSession(decoder, system=system, max_tokens=max_tokens, sampling=sampling)
     draft = decoder.draft_model.path.name if decoder.draft_model else "no draft"
     console.print(Text(f"llamaspec chat · {decoder.target.path.name} + {draft} · /stats /reset /trace /exit",
                        style="dim"))
-    ChatApp(session, console, trace).run()
+    try:
+        ChatApp(session, console, trace).run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return session
 
 

