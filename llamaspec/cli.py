@@ -212,12 +212,16 @@ def serve(
         raise LlamaSpecError(f"--max-body must be at least 1 byte, got {max_body}")
     options = model_options(ctx, threads, gpu_layers, flash_attn, n_seq=parallel, target_rpc=target_rpc)
     target_path, draft_path = resolve_pair(target, draft)
-    with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
-                            strict=strict) as decoder:
+
+    def load() -> SpeculativeDecoder:  # again after a lost RPC server: the server reloads in place
+        decoder = SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
+                                     strict=strict)
         if decoder.strict_note:
             typer.echo(decoder.strict_note, err=True)
-        run_server(decoder, host=host, port=port, n_slots=parallel, n_ctx=ctx, api_key=api_key,
-                   model_id=model_name or target_path.stem, max_body_bytes=max_body)
+        return decoder
+
+    run_server(load, host=host, port=port, n_slots=parallel, n_ctx=ctx, api_key=api_key,
+               model_id=model_name or target_path.stem, max_body_bytes=max_body)
 
 
 @models_app.command("list")

@@ -14,9 +14,10 @@ import ctypes
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -520,6 +521,14 @@ _RPC_PROTO, _RPC_HELLO, _RPC_CAPS = (7, 0), 14, 24
 _rpc_keep: dict[str, object] = {"servers": {}}
 
 
+def set_rpc_failure_handler(handler: Callable[[str], None] | None) -> None:
+    """Call `handler(message)` when llama.cpp aborts on a lost RPC server, instead of exiting
+    at once. It runs on the thread whose llama.cpp call failed, which never returns from
+    that call: the handler can warn others and replace the process (exec); if it returns,
+    the process exits with status 1 as without a handler."""
+    _rpc_keep["on_failure"] = handler
+
+
 def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequence[str]) -> None:
     """Put a model's layers on llama.cpp `rpc-server` processes (ggml's RPC backend).
 
@@ -532,8 +541,9 @@ def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequenc
     after loading, the model's RPC sockets get TCP_USER_TIMEOUT and a receive timeout
     (LLAMASPEC_RPC_TIMEOUT seconds, default 120), so a vanished host or a hung server fails
     instead of hanging; and a ggml abort callback turns llama.cpp's abort on a lost server
-    into one line on stderr and exit status 1. Nothing can keep the process alive after
-    that: llama.cpp has no way back from a failed RPC call.
+    into one line on stderr and exit status 1 (or `set_rpc_failure_handler`'s handler).
+    Nothing can keep the process alive after that: llama.cpp has no way back from a
+    failed RPC call.
     """
     import socket
     import struct
@@ -600,16 +610,23 @@ def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequenc
             if "ggml-rpc" not in text:  # not ours: llama.cpp's message, then its abort() as before
                 os.write(2, text.encode() + b"\n")
                 return
-            down = []
-            for name, addr in sorted(known.items()):
-                try:
-                    socket.create_connection(addr, timeout=1.0).close()
-                except OSError as exc:
-                    down.append(f"{name} ({'refused' if isinstance(exc, ConnectionRefusedError) else 'no answer'})")
+            down: list[str] = []
+            for attempt in range(4):  # a dying server may still listen for a moment after its connection broke
+                time.sleep(0.25 * bool(attempt))
+                for name, addr in sorted(known.items()):
+                    try:
+                        socket.create_connection(addr, timeout=1.0).close()
+                    except OSError as exc:
+                        down.append(f"{name} ({'refused' if isinstance(exc, ConnectionRefusedError) else 'no answer'})")
+                if down:
+                    break
             what = (f"RPC server {', '.join(down)} is gone" if down else f"an RPC server ({', '.join(known)}) stopped "
                     f"answering or the connection broke (receive timeout {timeout:g} s)")
-            os.write(2, f"error: {what}; llama.cpp: {text.split(': ', 1)[-1]}; it cannot continue after a failed "
-                        "RPC call, so this process exits\n".encode())
+            what = f"{what}; llama.cpp: {text.split(': ', 1)[-1]}"
+            handler = _rpc_keep.get("on_failure")
+            if callable(handler):
+                handler(what)  # normally does not return (the server restarts itself in place)
+            os.write(2, f"error: {what}; it cannot continue after a failed RPC call, so this process exits\n".encode())
             os._exit(1)
 
         lib.ggml_set_abort_callback.restype = ctypes.c_void_p

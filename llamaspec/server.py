@@ -5,15 +5,19 @@ A request waits for a free slot, then runs in a worker thread on that slot's dec
 library's `openai_api` over `SequenceView`s); the `SharedBatch` puts the evaluations of all
 busy slots into one llama_decode per model, so concurrent users cost less than N separate
 decodes. A finished, failed or disconnected request removes its sequence from both KV
-caches and frees its slot. Every bad request gets an OpenAI-style error; none stops the server.
+caches and frees its slot. Every bad request gets an OpenAI-style error; none stops the server,
+and neither does a lost RPC server holding the target (see `serve`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import secrets
 import socket
+import stat
 import sys
 import threading
 import time
@@ -28,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .decoder import SpeculativeDecoder
 from .errors import LlamaSpecError
+from .model import set_rpc_failure_handler
 from .openai_api import create_chat_completion, create_completion, speculative_options
 from .shared_batch import Cancelled, SequenceView, SharedBatch
 from .speculative import GenerationStats
@@ -137,7 +142,7 @@ class Metrics:
 class SlotPool:
     """The slots and the shared batch; requests queue (asyncio) for a free slot."""
 
-    def __init__(self, decoder: SpeculativeDecoder, n_slots: int, n_ctx: int):
+    def __init__(self, decoder: SpeculativeDecoder, n_slots: int, n_ctx: int, metrics: Metrics):
         self.batch = SharedBatch()
         self.n_ctx = n_ctx
         self.slots: list[Slot] = []
@@ -145,13 +150,16 @@ class SlotPool:
             views = [SequenceView(m, seq, self.batch, n_ctx) for m in (decoder.target, decoder.draft_model) if m]
             slot_decoder = decoder.with_models(views[0], views[1] if len(views) > 1 else None)
             self.slots.append(Slot(seq, slot_decoder, views))
-        self._free: asyncio.Queue[Slot] | None = None
+        self._free: asyncio.Queue[Slot | ApiError] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.waiting = 0
         self.threads: set[threading.Thread] = set()
-        self.metrics = Metrics()
+        self.metrics = metrics
+        self.running: dict[int, Callable[[str, Any], None]] = {}  # slot index -> its request's emit
 
-    def free_queue(self) -> asyncio.Queue[Slot]:
+    def free_queue(self) -> asyncio.Queue[Slot | ApiError]:
         if self._free is None:  # made inside the running loop
+            self._loop = asyncio.get_running_loop()
             self._free = asyncio.Queue()
             for slot in self.slots:
                 self._free.put_nowait(slot)
@@ -164,9 +172,12 @@ class SlotPool:
     async def acquire(self) -> Slot:
         self.waiting += 1
         try:
-            return await self.free_queue().get()
+            slot = await self.free_queue().get()
         finally:
             self.waiting -= 1
+        if isinstance(slot, ApiError):  # the pool broke while this request queued
+            raise slot
+        return slot
 
     def run(self, slot: Slot, job: Callable[[SpeculativeDecoder], Any], n_prompt: int,
             emit: Callable[[str, Any], None]) -> None:
@@ -177,6 +188,7 @@ class SlotPool:
         free = self.free_queue()
 
         def work() -> None:
+            self.running[slot.index] = emit
             slot.decoder.stats = GenerationStats()  # a job that fails early must not recount the last one
             try:
                 with self.batch.working():
@@ -193,6 +205,7 @@ class SlotPool:
             except Exception as exc:  # noqa: BLE001 - the server must outlive any request
                 emit("error", ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
             finally:
+                self.running.pop(slot.index, None)
                 self.metrics.record(slot.decoder.stats, n_prompt)
                 slot.clear()
                 emit("end", None)
@@ -203,6 +216,16 @@ class SlotPool:
         self.threads.add(thread)
         thread.start()
 
+    def fail_all(self, error: ApiError) -> None:
+        """Answer every running and queued request with `error` now (from any thread): the
+        running ones' threads are stuck in llama.cpp, the queued ones would wait forever."""
+        for emit in list(self.running.values()):
+            emit("error", error)
+            emit("end", None)
+        if self._loop is not None and self._free is not None:
+            for _ in range(self.waiting):
+                self._loop.call_soon_threadsafe(self._free.put_nowait, error)
+
     def shutdown(self, timeout: float = 30.0) -> None:
         """Cancel running generations and wait for their threads (before models are freed)."""
         for slot in self.slots:
@@ -211,6 +234,34 @@ class SlotPool:
         deadline = time.monotonic() + timeout
         for thread in list(self.threads):
             thread.join(max(deadline - time.monotonic(), 0))
+
+
+class Engine:
+    """The loaded models and their slots, or why there are none (the target's RPC server was
+    lost): the app asks for them per request, so it can answer 503 while they are reloaded."""
+
+    def __init__(self, n_slots: int, n_ctx: int, unavailable: str | None = None, restarts: int = 0):
+        self.n_slots, self.n_ctx = n_slots, n_ctx
+        self.metrics = Metrics()
+        self.decoder: SpeculativeDecoder | None = None
+        self.pool: SlotPool | None = None
+        self.unavailable = unavailable
+        self.restarts = restarts
+
+    def start(self, decoder: SpeculativeDecoder) -> None:
+        self.decoder = decoder
+        self.pool = SlotPool(decoder, self.n_slots, self.n_ctx, self.metrics)
+        self.unavailable = None
+
+    def ready(self) -> tuple[SpeculativeDecoder, SlotPool]:
+        if self.decoder is None or self.pool is None:
+            raise ApiError(503, f"the target model is unavailable: {self.unavailable}", "server_error")
+        return self.decoder, self.pool
+
+    def lose(self, why: str) -> SlotPool | None:
+        """Stop handing out the slots (their models are broken); the old pool, if any."""
+        pool, self.pool, self.decoder, self.unavailable = self.pool, None, None, why
+        return pool
 
 
 # -- the app ------------------------------------------------------------------------------
@@ -256,10 +307,10 @@ class Guard:
             self.metrics.requests[key] = self.metrics.requests.get(key, 0) + 1
 
 
-def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig) -> FastAPI:
+def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
-    metrics = pool.metrics
+    metrics = engine.metrics
 
     app.add_middleware(Guard, config=config, metrics=metrics)
 
@@ -277,7 +328,10 @@ def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig
                             status_code=500)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> Any:
+        pool = engine.pool
+        if pool is None:
+            return JSONResponse({"status": "unavailable", "error": engine.unavailable}, status_code=503)
         return {"status": "ok", "slots_idle": len(pool.slots) - pool.n_busy, "slots_processing": pool.n_busy,
                 "queue_depth": pool.waiting}
 
@@ -288,11 +342,12 @@ def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(_metrics_text(pool), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(_metrics_text(engine), media_type="text/plain; version=0.0.4")
 
     async def generation(request: Request, body_type: type[_Common],
-                         prepare: Callable[[Any], tuple[list[int], Callable[..., Any]]]) -> Response:
+                         prepare: Callable[[Any, SpeculativeDecoder], tuple[list[int], Callable[..., Any]]]) -> Response:
         body = await _read_body(request, body_type, config.max_body_bytes)
+        decoder, pool = engine.ready()
         if body.model is not None and body.model != config.model_id:
             raise ApiError(400, f"unknown model {body.model!r}; this server serves {config.model_id!r}", param="model")
         if body.n != 1:
@@ -300,7 +355,7 @@ def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig
         options = body.options()
         try:
             speculative_options(options.get("speculative"))
-            prompt, create = prepare(body)
+            prompt, create = prepare(body, decoder)
         except LlamaSpecError as exc:
             raise ApiError(400, str(exc)) from None
         if not prompt:
@@ -323,7 +378,7 @@ def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        def prepare(body: CompletionBody) -> tuple[list[int], Callable[..., Any]]:
+        def prepare(body: CompletionBody, decoder: SpeculativeDecoder) -> tuple[list[int], Callable[..., Any]]:
             prompt = body.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
                 if len(prompt) != 1:
@@ -340,7 +395,7 @@ def create_app(decoder: SpeculativeDecoder, pool: SlotPool, config: ServerConfig
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        def prepare(body: ChatBody) -> tuple[list[int], Callable[..., Any]]:
+        def prepare(body: ChatBody, decoder: SpeculativeDecoder) -> tuple[list[int], Callable[..., Any]]:
             messages = [m.as_dict() for m in body.messages]
 
             def create(slot_decoder: SpeculativeDecoder, **options: Any) -> Any:
@@ -435,8 +490,9 @@ async def _events(queue: asyncio.Queue[tuple[str, Any]], cancelled: threading.Ev
         cancelled.set()  # the client went away (or we are done): stop the worker if it still runs
 
 
-def _metrics_text(pool: SlotPool) -> str:
-    m = pool.metrics
+def _metrics_text(engine: Engine) -> str:
+    m, pool = engine.metrics, engine.pool
+    slots = pool.slots if pool else []
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -453,25 +509,71 @@ def _metrics_text(pool: SlotPool) -> str:
     metric("acceptance_ratio", "gauge", "Accepted over drafted tokens since start.",
            [("", m.accepted_tokens / m.drafted_tokens if m.drafted_tokens else 0.0)])
     metric("cancelled_total", "counter", "Generations stopped because the client went away.", [("", m.cancelled)])
-    metric("queue_depth", "gauge", "Requests waiting for a free slot.", [("", pool.waiting)])
-    metric("slots_total", "gauge", "Parallel slots.", [("", len(pool.slots))])
-    metric("slots_busy", "gauge", "Slots running a generation.", [("", pool.n_busy)])
+    metric("target_available", "gauge", "1 while the models are loaded and serving.", [("", pool is not None)])
+    metric("restarts_total", "counter", "In-place restarts after a lost RPC server.", [("", engine.restarts)])
+    metric("queue_depth", "gauge", "Requests waiting for a free slot.", [("", pool.waiting if pool else 0)])
+    metric("slots_total", "gauge", "Parallel slots.", [("", engine.n_slots)])
+    metric("slots_busy", "gauge", "Slots running a generation.", [("", pool.n_busy if pool else 0)])
     metric("batch_decodes_total", "counter", "Shared llama_decode rounds (all slots' rows together).",
-           [("", pool.batch.n_decodes)])
-    metric("batch_tokens_total", "counter", "Tokens evaluated in shared rounds.", [("", pool.batch.n_rows)])
+           [("", pool.batch.n_decodes if pool else 0)])
+    metric("batch_tokens_total", "counter", "Tokens evaluated in shared rounds.",
+           [("", pool.batch.n_rows if pool else 0)])
     metric("kv_tokens", "gauge", "Tokens llama.cpp's KV cache holds per slot and model (0 when idle).",
            [(f'{{slot="{slot.index}",model="{name}"}}', view.kv_tokens())
-            for slot in pool.slots for name, view in zip(("target", "draft"), slot.views)])
+            for slot in slots for name, view in zip(("target", "draft"), slot.views)])
     return "\n".join(lines) + "\n"
 
 
-def serve(decoder: SpeculativeDecoder, *, host: str, port: int, n_slots: int, n_ctx: int, model_id: str,
-          api_key: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-    """Bind (an error here is one line, not a log), print where, and serve until Ctrl-C."""
+_RESTART_ENV = "LLAMASPEC_SERVE_RESTART"  # set for the process image that replaces a broken one
+
+
+def serve(load: Callable[[], SpeculativeDecoder], *, host: str, port: int, n_slots: int, n_ctx: int,
+          model_id: str, api_key: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    """Load the models, bind (errors: one line, not a log), print where, serve until Ctrl-C.
+
+    A lost RPC server leaves llama.cpp no way back inside this process, so the server then
+    answers its running and queued requests with an error, and replaces itself in place
+    (exec: same pid, same listening socket, so no connection is refused); the new image
+    answers 503 until the target loads again from the RPC servers, retrying every 2 s.
+    """
     import uvicorn
 
-    pool = SlotPool(decoder, n_slots, n_ctx)
-    app = create_app(decoder, pool, ServerConfig(model_id, api_key, max_body_bytes))
+    restart = os.environ.pop(_RESTART_ENV, None)
+    if restart is None:
+        engine = Engine(n_slots, n_ctx)
+        engine.start(load())
+        try:
+            sock = _listen(host, port)
+        except LlamaSpecError:
+            engine.decoder.close()  # type: ignore[union-attr]
+            raise
+        print(f"llamaspec: serving {model_id} on http://{host}:{sock.getsockname()[1]}/v1 with {n_slots} slot(s)",
+              file=sys.stderr, flush=True)
+    else:
+        state = json.loads(restart)
+        sock = _adopt_listener(state["fd"])
+        engine = Engine(n_slots, n_ctx, unavailable=state["why"], restarts=state["restarts"])
+        threading.Thread(target=_reload, args=(engine, load), name="reload", daemon=True).start()
+        print(f"llamaspec: restarted after a lost RPC server; answering 503 until {model_id} loads again",
+              file=sys.stderr, flush=True)
+    set_rpc_failure_handler(functools.partial(_restart_in_place, engine, sock))
+    app = create_app(engine, ServerConfig(model_id, api_key, max_body_bytes))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it already handled: a normal stop
+        pass
+    finally:
+        set_rpc_failure_handler(None)
+        if engine.pool is not None:
+            engine.pool.shutdown()
+        if engine.decoder is not None:
+            engine.decoder.close()
+        sock.close()
+    print("llamaspec: server stopped", file=sys.stderr, flush=True)
+
+
+def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -480,15 +582,48 @@ def serve(decoder: SpeculativeDecoder, *, host: str, port: int, n_slots: int, n_
     except OSError as exc:
         sock.close()
         raise LlamaSpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    bound_port = sock.getsockname()[1]
-    print(f"llamaspec: serving {model_id} on http://{host}:{bound_port}/v1 with {n_slots} slot(s)",
+    return sock
+
+
+def _restart_in_place(engine: Engine, sock: socket.socket, why: str) -> None:
+    """Runs on the slot (or reload) thread whose llama.cpp call failed; never returns on success."""
+    pool = engine.lose(why)
+    print(f"llamaspec: {why}; answering the running requests with an error and restarting",
           file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it already handled: a normal stop
-        pass
-    finally:
-        pool.shutdown()
-        sock.close()
-    print("llamaspec: server stopped", file=sys.stderr, flush=True)
+    if pool is not None:
+        pool.fail_all(ApiError(502, f"the target model was lost: {why}", "server_error"))
+        time.sleep(1.0)  # the event loop sends those answers meanwhile
+    os.set_inheritable(sock.fileno(), True)
+    state = json.dumps({"fd": sock.fileno(), "restarts": engine.restarts + 1, "why": why})
+    sys.stdout.flush()
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, _RESTART_ENV: state})
+
+
+def _adopt_listener(fd: int) -> socket.socket:
+    """The listening socket the previous image passed on. Every other socket it left open
+    (connections to RPC servers, which serve one client at a time) is closed."""
+    for name in os.listdir("/dev/fd"):
+        other = int(name)
+        if other > 2 and other != fd:
+            try:
+                if stat.S_ISSOCK(os.fstat(other).st_mode):
+                    os.close(other)
+            except OSError:
+                pass
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _reload(engine: Engine, load: Callable[[], SpeculativeDecoder]) -> None:
+    lost = engine.unavailable
+    while True:
+        time.sleep(2.0)
+        try:
+            decoder = load()
+        except Exception as exc:  # noqa: BLE001 - keep answering 503 and retry
+            engine.unavailable = f"{lost}; reloading: {exc}"
+            continue
+        engine.start(decoder)
+        print("llamaspec: the target is loaded again; serving", file=sys.stderr, flush=True)
+        return

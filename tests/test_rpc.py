@@ -6,6 +6,7 @@ scripts/build_rpc.sh makes both. Without them these tests fail (they do not skip
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -254,3 +255,63 @@ def test_rpc_server_survives_its_client_dying(stories, truncated_draft, two_serv
         expected = greedy(local, "Once upon a time")
     with Model(stories, ModelOptions(n_ctx=128, rpc_servers=tuple(s.endpoint for s in two_servers))) as target:
         assert greedy(target, "Once upon a time") == expected
+
+
+def test_serve_survives_a_lost_rpc_server(stories, truncated_draft, two_servers, rpc_server_bin):
+    """The server answers the running and the queued request with an error, stays up (same
+    pid, same port) answering 503, and serves again once the rpc-server is back."""
+    import httpx
+    from test_serve import Server
+
+    server = Server("--target", stories, "--draft", truncated_draft, "--k", "3", "--parallel", "1", "--ctx", "256",
+                    "--target-rpc", ",".join(s.endpoint for s in two_servers))
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0}
+        expected = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        assert expected
+
+        victim = two_servers[1]
+        victim.proc.send_signal(signal.SIGSTOP)  # the next request blocks inside llama.cpp's RPC call
+        answers: dict[str, httpx.Response] = {}
+
+        def request(name: str, stream: bool) -> None:
+            answers[name] = httpx.post(server.url + "/v1/completions", json={**body, "stream": stream}, timeout=60)
+
+        running = threading.Thread(target=request, args=("running", True))
+        running.start()
+        time.sleep(1.0)
+        queued = threading.Thread(target=request, args=("queued", False))
+        queued.start()
+        time.sleep(1.0)
+        assert "running" not in answers and "queued" not in answers
+        broken = time.monotonic()
+        victim.proc.kill()
+        running.join(30)
+        queued.join(30)
+        assert time.monotonic() - broken < 30
+        events = [line[6:] for line in answers["running"].text.splitlines() if line.startswith("data: ")]
+        assert json.loads(events[-2])["error"]["message"].startswith("the target model was lost: RPC server"), events
+        assert events[-1] == "[DONE]"
+        assert answers["queued"].status_code == 502, answers["queued"].text
+        assert victim.endpoint in answers["queued"].json()["error"]["message"]
+
+        deadline = time.monotonic() + 30
+        while "restarted after a lost RPC server" not in "".join(server.log) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.process.poll() is None, "".join(server.log)
+        health = httpx.get(server.url + "/health", timeout=10)  # the same port, no refused connection
+        assert health.status_code == 503 and health.json()["status"] == "unavailable", health.text
+        refused = httpx.post(server.url + "/v1/completions", json=body, timeout=10)
+        assert refused.status_code == 503 and "unavailable" in refused.json()["error"]["message"], refused.text
+        assert server.metrics()["llamaspec_restarts_total"] == 1
+
+        two_servers[1] = RpcServer(rpc_server_bin, victim.port)  # back on its port: the target reloads
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "".join(server.log)
+            time.sleep(0.5)
+        again = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert again.json()["choices"][0]["text"] == expected, again.text
+        assert server.metrics()["llamaspec_target_available"] == 1
+    finally:
+        server.stop()
