@@ -23,7 +23,7 @@ from .drafters.hybrid import HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .errors import LlamaSpecError
 from .model import Model, ModelOptions
-from .policy import AdaptiveK, CostModel
+from .policy import AdaptiveK, ConfidenceK, CostModel
 from .sampling import Sampler, SamplingParams
 from .speculative import GenerationStats, Trace, generate_tokens
 from .text import TextStream
@@ -34,7 +34,7 @@ PathLike = str | os.PathLike[str]
 
 DrafterKind = Literal["auto", "model", "ngram", "hybrid"]
 DRAFTER_KINDS = ("auto", "model", "ngram", "hybrid")
-K_MAX = 8  # the longest draft `k="auto"` may choose
+K_MAX = 15  # the longest draft `k="auto"` may choose (verify batches of up to 16)
 NGRAM_MS_PER_TOKEN = 0.05  # a dictionary lookup: free next to any model evaluation
 
 
@@ -115,14 +115,15 @@ class SpeculativeDecoder:
         if kind == "plain" or not self.k:
             return None
 
-        def policy(draft_ms_per_token: float) -> AdaptiveK | None:
-            return AdaptiveK(CostModel(self.verify_ms, draft_ms_per_token), self.k) if self.verify_ms else None
-
-        ngram = NgramDrafter(min_ngram=3 if kind == "hybrid" else 2, policy=policy(NGRAM_MS_PER_TOKEN))
+        auto = bool(self.verify_ms)
+        # n-gram drafts carry no confidence: k is chosen up front from acceptance so far.
+        ngram_policy = AdaptiveK(CostModel(self.verify_ms, NGRAM_MS_PER_TOKEN), self.k) if auto else None
+        ngram = NgramDrafter(min_ngram=3 if kind == "hybrid" else 2, policy=ngram_policy)
         if kind == "ngram":
             return ngram
         assert self.draft_model is not None
-        model_drafter = DraftModelDrafter(self.draft_model, self.min_draft_prob, policy(self.draft_ms))
+        model_policy = ConfidenceK(CostModel(self.verify_ms, self.draft_ms), self.k) if auto else None
+        model_drafter = DraftModelDrafter(self.draft_model, self.min_draft_prob, model_policy)
         return model_drafter if kind == "model" else HybridDrafter(ngram, model_drafter)
 
     def with_models(self, target: Model, draft_model: Model | None) -> SpeculativeDecoder:

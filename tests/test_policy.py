@@ -5,7 +5,7 @@ import pytest
 from llamaspec.drafters import Draft
 from llamaspec.drafters.hybrid import HybridDrafter
 from llamaspec.drafters.ngram import NgramDrafter
-from llamaspec.policy import AdaptiveK, CostModel
+from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel
 from llamaspec.sampling import Sampler
 
 # The shape measured on a 2-core CPU: verify cost grows almost linearly with batch size.
@@ -71,6 +71,56 @@ def test_after_plain_steps_evidence_ages_and_speculation_resumes():
 
 def test_choose_respects_max_k():
     assert trained(FLAT, 0.95).choose(max_k=2) <= 2
+
+
+# Measured on an AVX-512 machine: the Q4_K_M target (rows cost ~0.6 of a decode up to 8,
+# then little more) and its F16 profile (bandwidth-bound), both with an 11.5 ms draft token.
+Q4_AVX512 = CostModel({1: 26.4, 2: 46.1, 3: 61.6, 4: 77.4, 6: 109.6, 8: 129.2, 12: 157.2, 16: 149.4}, 11.5)
+F16_AVX512 = CostModel({1: 88.0, 2: 129.2, 3: 115.6, 4: 117.1, 6: 133.7, 8: 161.1, 12: 190.3, 16: 212.4}, 11.5)
+
+
+def draft_with(policy, probs, max_k=15):
+    """Run the drafter's side of the protocol: how many drafted, how many kept."""
+    limit = policy.begin(max_k)
+    drafted = 0
+    for p in probs[:limit]:
+        drafted += 1
+        if not policy.more(p) or drafted == limit:
+            break
+    return drafted, policy.keep(drafted) if drafted else 0
+
+
+def test_confidence_policy_drafts_long_while_the_draft_is_sure_and_stops_when_it_is_not():
+    policy = ConfidenceK(F16_AVX512, k_max=15)
+    assert draft_with(policy, [0.999] * 20) == (15, 15)
+    drafted, kept = draft_with(policy, [0.99, 0.99, 0.2, 0.9, 0.9, 0.9])
+    assert drafted <= 4 and kept <= 3  # an unsure token ends the draft, and is not worth verifying alone
+    # The same certain draft never pays where every drafted token costs almost a decode.
+    assert ConfidenceK(Q4_AVX512, k_max=3).begin(3) == 0
+
+
+def test_confidence_policy_keeps_the_best_prefix_of_a_non_monotonic_curve():
+    # verify(2) > verify(3) here: one sure token then an unsure one, both verified, beat one.
+    policy = ConfidenceK(CostModel({1: 88.0, 2: 130.0, 3: 100.0, 4: 140.0}, 5.0), k_max=3)
+    assert policy.begin(3) == 3
+    policy.more(0.95)
+    assert policy.more(0.3) is False
+    assert policy.keep(2) == 2
+    policy.more(0.1)  # drafted anyway (say, k was fixed): a third, unlikely row costs more than it brings
+    assert policy.keep(3) == 2
+
+
+def test_confidence_policy_gate_closes_on_failures_and_reopens():
+    policy = ConfidenceK(F16_AVX512, k_max=15)
+    for _ in range(40):
+        policy.update(3, 0)
+    assert policy.begin(15) == 0
+    opened = next(i for i in range(500) if policy.begin(15) > 0)
+    assert 3 <= opened < 500  # not at once, but it does try again
+    rate_before = policy.rate
+    for _ in range(20):
+        policy.update(8, 8)  # nine tokens for one verify(9): above the plain rate
+    assert policy.rate > rate_before > 0
 
 
 def test_ngram_copies_what_followed_the_latest_match():

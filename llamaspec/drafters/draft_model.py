@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..model import Model
-from ..policy import AdaptiveK
+from ..policy import DraftPolicy
 from ..sampling import Sampler
 from . import Draft, common_prefix_len
 
@@ -20,14 +20,15 @@ class DraftModelDrafter:
     last draft token was never evaluated by the draft (it is decoded with the bonus token).
     """
 
-    def __init__(self, model: Model, min_top_prob: float = 0.0, policy: AdaptiveK | None = None):
+    def __init__(self, model: Model, min_top_prob: float = 0.0, policy: DraftPolicy | None = None):
         self.model = model
         self.min_top_prob = min_top_prob  # stop drafting when the draft itself is unsure
         self.policy = policy
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
-        if self.policy is not None:
-            max_k = self.policy.choose(max_k)
+        policy = self.policy
+        if policy is not None:
+            max_k = policy.begin(max_k)
         if max_k <= 0:
             return Draft()
         model = self.model
@@ -45,22 +46,25 @@ class DraftModelDrafter:
                 token = sampler.sample(q)
                 probs.append(q)
             history.append(token)
-            if i == max_k - 1 or model.is_eog(token) or self._unsure(logits, token, sampler, probs):
+            sure = 1.0
+            if policy is not None or self.min_top_prob > 0.0:
+                sure = float(probs[-1][token]) if probs else _top_prob(logits, token)
+            go_on = policy.more(sure) if policy is not None else True
+            if not go_on or i == max_k - 1 or model.is_eog(token) or sure < self.min_top_prob:
                 break
             logits = model.eval([token])[-1]
-        return Draft(history[len(context):], probs if probs else None)
-
-    def _unsure(self, logits: np.ndarray, token: int, sampler: Sampler, probs: list[np.ndarray]) -> bool:
-        if self.min_top_prob <= 0.0:
-            return False
-        if probs:
-            return float(probs[-1][token]) < self.min_top_prob
-        top = float(logits[token])
-        return 1.0 / float(np.exp(np.asarray(logits, dtype=np.float64) - top).sum()) < self.min_top_prob
+        tokens = history[len(context):]
+        n = policy.keep(len(tokens)) if policy is not None else len(tokens)
+        return Draft(tokens[:n], probs[:n] if probs else None)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        if self.policy is not None and n_drafted:
+        if self.policy is not None:
             self.policy.update(n_drafted, n_accepted)
 
     def close(self) -> None:
         self.model.close()
+
+
+def _top_prob(logits: np.ndarray, token: int) -> float:
+    """The softmax probability of the argmax token (float32 is precise enough here)."""
+    return 1.0 / float(np.exp(np.asarray(logits, dtype=np.float32) - logits[token]).sum())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..policy import AdaptiveK
+from ..policy import DraftPolicy
 from ..sampling import Sampler
 from . import Draft
 
@@ -18,7 +18,7 @@ class NgramDrafter:
     extended incrementally as the context grows and rebuilt when the context changes.
     """
 
-    def __init__(self, min_ngram: int = 2, max_ngram: int = 5, policy: AdaptiveK | None = None):
+    def __init__(self, min_ngram: int = 2, max_ngram: int = 5, policy: DraftPolicy | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
@@ -46,11 +46,11 @@ class NgramDrafter:
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         if self.policy is not None:
-            max_k = self.policy.choose(max_k)
+            max_k = self.policy.begin(max_k)
         return Draft(self.lookup(context, max_k) if max_k > 0 else [])
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        if self.policy is not None and n_drafted:
+        if self.policy is not None:
             self.policy.update(n_drafted, n_accepted)
 
     def close(self) -> None:
