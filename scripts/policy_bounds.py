@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""What speculation can reach on this machine: drafting policies replayed on recorded text.
+
+Greedy speculative output equals plain output, so one plain run per prompt fixes everything
+a policy will meet: the target's tokens, and, from one batched pass of the draft over the
+same text, the draft's greedy guess and its probability at every position (a draft token
+is accepted iff it equals the target's token there; after a rejection the rest is moot).
+With the measured verify cost per batch size and the draft's cost per token, each policy
+is replayed without running the models again, including "perfect foresight" (k chosen
+knowing how many tokens will be accepted): the ceiling for this drafter on this machine.
+
+    .venv/bin/python scripts/policy_bounds.py [--target NAME|PATH] [--draft NAME|PATH]
+        [--max-tokens 128] [--draft-ms MS]
+
+--draft-ms overrides the calibrated draft cost (in the loop a draft token costs more than
+the calibration's single decode: catching up after a fully accepted step is a batch of 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from llamaspec.calibrate import eval_costs  # noqa: E402
+from llamaspec.cli_common import resolve_model  # noqa: E402
+from llamaspec.decoder import K_MAX, SpeculativeDecoder  # noqa: E402
+from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
+from llamaspec.model import Model, ModelOptions  # noqa: E402
+from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy  # noqa: E402
+from llamaspec.prompts import load_prompts  # noqa: E402
+
+
+class Text:
+    """One prompt's plain output and the draft's guess/probability before each of its tokens."""
+
+    def __init__(self, category: str, prompt: list[int], output: list[int], guess: np.ndarray, prob: np.ndarray):
+        self.category, self.prompt, self.output = category, prompt, output
+        self.guess, self.prob = guess, prob  # index i: before output[i]
+
+    def run(self, at: int, n: int) -> int:
+        """Draft-model tokens accepted from output position `at`, of at most n drafted."""
+        a = 0
+        while a < n and at + a < len(self.output) and self.guess[at + a] == self.output[at + a]:
+            a += 1
+        return a
+
+
+def record(target: Path, draft: Path, max_tokens: int) -> tuple[list[Text], CostModel, float]:
+    options = ModelOptions(n_ctx=2048)
+    texts = []
+    with SpeculativeDecoder(target, None, options=options) as plain, Model(draft, options) as drafter:
+        verify_ms = eval_costs(plain.target, list(range(1, K_MAX + 2)))
+        draft_ms = eval_costs(drafter, [1])[1]
+        for item in load_prompts():
+            prompt = plain.prompt_tokens(item["prompt"], chat=True)
+            plain.reset()
+            output = list(plain.generate(prompt, max_tokens=max_tokens))
+            drafter.reset()
+            rows = np.asarray(drafter.eval(prompt + output, all_logits=True), dtype=np.float64)[len(prompt) - 1:]
+            top = rows.max(axis=1, keepdims=True)
+            texts.append(Text(item["category"], prompt, output, rows.argmax(axis=1),
+                              1.0 / np.exp(rows - top).sum(axis=1)))
+            print(f"  recorded {item['id']}: {len(output)} tokens", file=sys.stderr, flush=True)
+    return texts, CostModel(verify_ms, draft_ms), draft_ms
+
+
+Step = Callable[[Text, int], tuple[int, float]]  # (tokens emitted, ms) for a step at position
+
+
+def replay(texts: list[Text], costs: CostModel, make: Callable[[], Step]) -> dict[str, float]:
+    """Median speedup over plain decoding, overall and per category."""
+    speedups: dict[str, list[float]] = {}
+    for text in texts:
+        step, at, ms = make(), 0, 0.0
+        while at < len(text.output):
+            emitted, step_ms = step(text, at)
+            at, ms = at + emitted, ms + step_ms
+        speedups.setdefault(text.category, []).append(len(text.output) * costs.verify(1) / ms)
+    result = {"all": statistics.median(x for v in speedups.values() for x in v)}
+    result.update({c: statistics.median(v) for c, v in sorted(speedups.items())})
+    return result
+
+
+def fixed(costs: CostModel, k: int) -> Step:
+    return lambda text, at: (text.run(at, k) + 1, costs.step_ms(k))
+
+
+def foresight(costs: CostModel, k_max: int) -> Step:
+    def step(text: Text, at: int) -> tuple[int, float]:
+        a = text.run(at, k_max)
+        k = max(range(a + 1), key=lambda j: (j + 1) / costs.step_ms(j))
+        return k + 1, costs.step_ms(k)
+    return step
+
+
+def with_policy(costs: CostModel, policy: DraftPolicy) -> Step:
+    """The drafter's side of the policy protocol, as DraftModelDrafter runs it."""
+    def step(text: Text, at: int) -> tuple[int, float]:
+        limit = policy.begin(min(K_MAX, len(text.output) - at - 1))
+        drafted = 0
+        while drafted < limit:
+            drafted += 1
+            if not policy.more(float(text.prob[at + drafted - 1])) or drafted == limit:
+                break
+        kept = policy.keep(drafted) if drafted else 0
+        accepted = text.run(at, kept)
+        policy.update(kept, accepted)
+        return accepted + 1, costs.draft_ms_per_token * drafted + costs.verify(kept + 1)
+    return step
+
+
+def ngram_foresight(costs: CostModel) -> Step:
+    drafters: dict[int, NgramDrafter] = {}
+
+    def step(text: Text, at: int) -> tuple[int, float]:
+        lookup = drafters.setdefault(id(text), NgramDrafter(2, 5))
+        proposal = lookup.lookup(text.prompt + text.output[:at], K_MAX)
+        a = 0
+        while a < len(proposal) and at + a < len(text.output) and proposal[a] == text.output[at + a]:
+            a += 1
+        k = max(range(a + 1), key=lambda j: (j + 1) / costs.verify(j + 1))
+        return k + 1, costs.verify(k + 1)
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-q4_0")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft-ms", type=float, default=None)
+    args = parser.parse_args()
+    texts, costs, draft_ms = record(resolve_model(args.target), resolve_model(args.draft), args.max_tokens)
+    if args.draft_ms is not None:
+        costs = CostModel(costs.verify_ms, args.draft_ms)
+    print(f"verify ms by batch: {dict(costs.verify_ms)}; draft ms/token: {costs.draft_ms_per_token:g} "
+          f"(calibrated {draft_ms:g})")
+    rows = [("fixed k=3", lambda: fixed(costs, 3)), ("fixed k=4", lambda: fixed(costs, 4)),
+            ("AdaptiveK (k up front)", lambda: with_policy(costs, AdaptiveK(costs, K_MAX))),
+            ("ConfidenceK (default)", lambda: with_policy(costs, ConfidenceK(costs, K_MAX))),
+            ("foresight, k <= 3", lambda: foresight(costs, 3)),
+            (f"foresight, k <= {K_MAX}", lambda: foresight(costs, K_MAX)),
+            (f"n-gram foresight, k <= {K_MAX}", lambda: ngram_foresight(costs))]
+    for name, make in rows:
+        result = replay(texts, costs, make)
+        print(f"{name:26} " + "  ".join(f"{c} {v:.2f}x" for c, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
