@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import secrets
+import signal
 import socket
 import stat
 import sys
@@ -564,6 +565,8 @@ def serve(load: Callable[[], SpeculativeDecoder], *, host: str, port: int, n_slo
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it already handled: a normal stop
         pass
     finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below is bounded: let it finish
         set_rpc_failure_handler(None)
         if engine.pool is not None:
             engine.pool.shutdown()
@@ -579,6 +582,7 @@ def _listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # before "serving ... on" is printed: from then on connections queue, none is refused
     except OSError as exc:
         sock.close()
         raise LlamaSpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
