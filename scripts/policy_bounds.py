@@ -148,6 +148,10 @@ def main() -> None:
             ("foresight, k <= 3", lambda: foresight(costs, 3)),
             (f"foresight, k <= {K_MAX}", lambda: foresight(costs, K_MAX)),
             (f"n-gram foresight, k <= {K_MAX}", lambda: ngram_foresight(costs))]
+    runs = [text.run(at, K_MAX) for text in texts for at in range(len(text.output))]
+    by_position = [sum(r >= i for r in runs) / max(sum(r >= i - 1 for r in runs), 1) for i in range(1, 9)]
+    print("draft acceptance by position (P(i accepted | 1..i-1 accepted)), i = 1..8: "
+          + " ".join(f"{a:.2f}" for a in by_position))
     for name, make in rows:
         result = replay(texts, costs, make)
         print(f"{name:26} " + "  ".join(f"{c} {v:.2f}x" for c, v in result.items()))
