@@ -22,6 +22,7 @@ from .errors import LlamaSpecError
 from .model import ModelOptions, reference_greedy, system_info
 from .models import sha256_cached
 from .policy import CostModel
+from .speculative import add_counts, zip_counts
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 
 
@@ -66,15 +67,16 @@ def _summary(records: list[dict]) -> dict:
             "identical": sum(r["identical"] for r in items),
         }
 
-    histogram: list[int] = []
+    totals: dict[str, list[int]] = {"accept_histogram": [], "reached_by_position": [], "accepted_by_position": []}
     for record in records:
-        for n, count in enumerate(record["speculative"]["accept_histogram"]):
-            histogram.extend([0] * (n + 1 - len(histogram)))
-            histogram[n] += count
+        for name, counts in totals.items():
+            add_counts(counts, record["speculative"][name])
     return {
         "overall": block(records),
         "by_category": {name: block(items) for name, items in sorted(by_category.items())},
-        "accept_histogram": histogram,
+        "accept_histogram": totals["accept_histogram"],
+        "acceptance_by_position": [round(a / r, 4) for a, r in zip_counts(totals["accepted_by_position"],
+                                                                           totals["reached_by_position"])],
         "divergences": [
             {"id": r["id"], "vs_plain": r["first_divergence"], "vs_reference": r["reference_first_divergence"]}
             for r in records if r["first_divergence"] is not None or r["reference_first_divergence"] is not None

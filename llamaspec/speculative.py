@@ -38,6 +38,10 @@ class GenerationStats:
     n_accepted: int = 0
     n_steps: int = 0
     accept_histogram: list[int] = field(default_factory=list)
+    # Per draft position i (0-based): steps that drafted it with 0..i-1 all accepted, and
+    # steps where it was accepted too; their ratio is the acceptance by position.
+    reached_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -48,9 +52,9 @@ class GenerationStats:
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
-        if len(self.accept_histogram) <= n_accepted:
-            self.accept_histogram.extend([0] * (n_accepted + 1 - len(self.accept_histogram)))
-        self.accept_histogram[n_accepted] += 1
+        add_counts(self.accept_histogram, [0] * n_accepted + [1])
+        add_counts(self.reached_by_position, [1] * min(n_drafted, n_accepted + 1))
+        add_counts(self.accepted_by_position, [1] * n_accepted)
         self.draft_s += draft_s
         self.verify_s += verify_s
         self.step_s += step_s
@@ -58,6 +62,10 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [round(a / r, 4) for a, r in zip_counts(self.accepted_by_position, self.reached_by_position)]
 
     @property
     def tokens_per_second(self) -> float:
@@ -84,6 +92,9 @@ class GenerationStats:
             "mean_accepted_per_step": round(self.n_accepted / steps, 3),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "accept_histogram": list(self.accept_histogram),
+            "acceptance_by_position": self.acceptance_by_position,
+            "reached_by_position": list(self.reached_by_position),
+            "accepted_by_position": list(self.accepted_by_position),
             "time_s": {
                 "prefill": round(self.prefill_s, 4),
                 "draft": round(self.draft_s, 4),
@@ -94,6 +105,18 @@ class GenerationStats:
             "overhead_ms_per_step": round(1000 * self.overhead_s / steps, 3),
             "stop_reason": self.stop_reason,
         }
+
+
+def add_counts(into: list[int], more: Sequence[int]) -> None:
+    """Element-wise `into += more`, growing `into` as needed (histograms, position counts)."""
+    into.extend([0] * (len(more) - len(into)))
+    for i, count in enumerate(more):
+        into[i] += count
+
+
+def zip_counts(accepted: Sequence[int], reached: Sequence[int]) -> list[tuple[int, int]]:
+    """(accepted, reached) pairs for the positions ever reached."""
+    return [(accepted[i] if i < len(accepted) else 0, r) for i, r in enumerate(reached) if r]
 
 
 @dataclass

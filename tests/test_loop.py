@@ -78,6 +78,23 @@ def test_wrong_draft_still_gives_target_tokens_and_rolls_back():
     assert out == SCRIPT[3:23]
     assert 0 < stats.acceptance_rate < 1
     assert target.tokens == SCRIPT[: len(target.tokens)]  # the cache never keeps a rejected token
+    # Acceptance by draft position: every position is reached as often as the ones before it
+    # were accepted, and the counts agree with the totals.
+    reached, accepted = stats.reached_by_position, stats.accepted_by_position
+    assert sum(accepted) == stats.n_accepted and 0 < reached[0] <= stats.n_steps  # (a last step may draft none)
+    assert all(reached[i + 1] == accepted[i] for i in range(len(reached) - 1))
+    padded = accepted + [0] * (len(reached) - len(accepted))
+    assert stats.acceptance_by_position == [round(a / r, 4) for a, r in zip(padded, reached)]
+    assert stats.acceptance_by_position[0] < 1.0
+
+
+def test_acceptance_by_position_counts():
+    stats = GenerationStats()
+    for drafted, accepted in [(3, 3), (3, 1), (2, 0), (0, 0)]:
+        stats.record_step(drafted, accepted, 0.0, 0.0, 0.0)
+    assert stats.reached_by_position == [3, 2, 1] and stats.accepted_by_position == [2, 1, 1]
+    assert stats.acceptance_by_position == [0.6667, 0.5, 1.0]
+    assert stats.accept_histogram == [2, 1, 0, 1]
 
 
 def test_eos_inside_accepted_draft_stops_without_emitting_it():
