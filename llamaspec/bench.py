@@ -22,7 +22,7 @@ from .errors import LlamaSpecError
 from .model import ModelOptions, reference_greedy, system_info
 from .models import sha256_cached
 from .policy import CostModel
-from .speculative import add_counts, zip_counts
+from .speculative import COUNT_FIELDS, add_counts, position_acceptance
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 
 
@@ -67,7 +67,7 @@ def _summary(records: list[dict]) -> dict:
             "identical": sum(r["identical"] for r in items),
         }
 
-    totals: dict[str, list[int]] = {"accept_histogram": [], "reached_by_position": [], "accepted_by_position": []}
+    totals: dict[str, list[int]] = {name: [] for name in COUNT_FIELDS}
     for record in records:
         for name, counts in totals.items():
             add_counts(counts, record["speculative"][name])
@@ -75,8 +75,7 @@ def _summary(records: list[dict]) -> dict:
         "overall": block(records),
         "by_category": {name: block(items) for name, items in sorted(by_category.items())},
         "accept_histogram": totals["accept_histogram"],
-        "acceptance_by_position": [round(a / r, 4) for a, r in zip_counts(totals["accepted_by_position"],
-                                                                           totals["reached_by_position"])],
+        "acceptance_by_position": position_acceptance(totals["accepted_by_position"], totals["reached_by_position"]),
         "divergences": [
             {"id": r["id"], "vs_plain": r["first_divergence"], "vs_reference": r["reference_first_divergence"]}
             for r in records if r["first_divergence"] is not None or r["reference_first_divergence"] is not None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Generator, Iterator
 
 from .errors import ContextFullError
 from .sampling import SamplingParams
-from .speculative import GenerationStats, Trace, add_counts
+from .speculative import COUNT_FIELDS, GenerationStats, Trace, add_counts
 
 if TYPE_CHECKING:
     from .chat import Message
@@ -61,7 +61,7 @@ class SessionTotals:
         self.stats.mode, self.stats.k, self.stats.verify = turn.stats.mode, turn.stats.k, turn.stats.verify
         for name in _SUMMED:
             setattr(self.stats, name, getattr(self.stats, name) + getattr(turn.stats, name))
-        for name in ("accept_histogram", "reached_by_position", "accepted_by_position"):
+        for name in COUNT_FIELDS:
             add_counts(getattr(self.stats, name), getattr(turn.stats, name))
         if turn.first_token_s is not None:
             self.first_token_s.append(turn.first_token_s)

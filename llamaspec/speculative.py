@@ -65,7 +65,7 @@ class GenerationStats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [round(a / r, 4) for a, r in zip_counts(self.accepted_by_position, self.reached_by_position)]
+        return position_acceptance(self.accepted_by_position, self.reached_by_position)
 
     @property
     def tokens_per_second(self) -> float:
@@ -107,6 +107,9 @@ class GenerationStats:
         }
 
 
+COUNT_FIELDS = ("accept_histogram", "reached_by_position", "accepted_by_position")  # lists summed across runs
+
+
 def add_counts(into: list[int], more: Sequence[int]) -> None:
     """Element-wise `into += more`, growing `into` as needed (histograms, position counts)."""
     into.extend([0] * (len(more) - len(into)))
@@ -114,9 +117,10 @@ def add_counts(into: list[int], more: Sequence[int]) -> None:
         into[i] += count
 
 
-def zip_counts(accepted: Sequence[int], reached: Sequence[int]) -> list[tuple[int, int]]:
-    """(accepted, reached) pairs for the positions ever reached."""
-    return [(accepted[i] if i < len(accepted) else 0, r) for i, r in enumerate(reached) if r]
+def position_acceptance(accepted: Sequence[int], reached: Sequence[int]) -> list[float]:
+    """P(draft position i accepted | reached) for each position ever reached (a position is
+    reached at least as often as it is accepted, so `accepted` may be shorter)."""
+    return [round((accepted[i] if i < len(accepted) else 0) / r, 4) for i, r in enumerate(reached) if r]
 
 
 @dataclass
