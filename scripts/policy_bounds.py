@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llamaspec.calibrate import eval_costs  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.decoder import K_MAX, SpeculativeDecoder  # noqa: E402
+from llamaspec.drafters import common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
 from llamaspec.model import Model, ModelOptions  # noqa: E402
 from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy  # noqa: E402
@@ -46,10 +47,7 @@ class Text:
 
     def run(self, at: int, n: int) -> int:
         """Draft-model tokens accepted from output position `at`, of at most n drafted."""
-        a = 0
-        while a < n and at + a < len(self.output) and self.guess[at + a] == self.output[at + a]:
-            a += 1
-        return a
+        return common_prefix_len(self.guess[at : at + n].tolist(), self.output[at : at + n])
 
 
 def record(target: Path, draft: Path, max_tokens: int) -> tuple[list[Text], CostModel, float]:
@@ -122,9 +120,7 @@ def ngram_foresight(costs: CostModel) -> Step:
     def step(text: Text, at: int) -> tuple[int, float]:
         lookup = drafters.setdefault(id(text), NgramDrafter(2, 5))
         proposal = lookup.lookup(text.prompt + text.output[:at], K_MAX)
-        a = 0
-        while a < len(proposal) and at + a < len(text.output) and proposal[a] == text.output[at + a]:
-            a += 1
+        a = common_prefix_len(proposal, text.output[at:])
         k = max(range(a + 1), key=lambda j: (j + 1) / costs.verify(j + 1))
         return k + 1, costs.verify(k + 1)
     return step
