@@ -612,7 +612,8 @@ def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequenc
                 return
             down: list[str] = []
             for attempt in range(4):  # a dying server may still listen for a moment after its connection broke
-                time.sleep(0.25 * bool(attempt))
+                if attempt:
+                    time.sleep(0.25)
                 for name, addr in sorted(known.items()):
                     try:
                         socket.create_connection(addr, timeout=1.0).close()
