@@ -22,14 +22,20 @@ def _key(model: Model, sizes: list[int]) -> str:
     options = model.options
     # The build is part of the key: a patched or differently compiled llama.cpp has other costs.
     return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{system_info()}|threads={options.n_threads}"
-            f"|fa={options.flash_attn}|gpu={options.n_gpu_layers}|rpc={','.join(options.rpc_servers)}"
+            f"|fa={options.flash_attn}|repack={options.repack}|n_batch={options.n_batch}|gpu={options.n_gpu_layers}"
+            f"|rpc={','.join(options.rpc_servers)}"
             f"|sizes={','.join(map(str, sizes))}")
+
+
+def filler_tokens(model: Model) -> list[int]:
+    """N_CONTEXT tokens of code: the cache depth and the batch contents costs are measured with."""
+    return model.tokenize(_FILLER * 8, add_special=False)[:N_CONTEXT]
 
 
 def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 3) -> dict[int, float]:
     """Median milliseconds of one `eval(all_logits=True)` of n tokens, for each n."""
     saved = list(model.tokens)
-    base = model.tokenize(_FILLER * 8, add_special=False)[:N_CONTEXT]
+    base = filler_tokens(model)
     model.reset()
     model.eval(base)
     model.eval(base[: max(sizes)], all_logits=True)  # warm-up: first calls allocate

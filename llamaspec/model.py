@@ -13,6 +13,7 @@ import collections
 import ctypes
 import functools
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -451,15 +452,19 @@ class Model:
 QUANT_TYPES = {
     "f16": _ll.LLAMA_FTYPE_MOSTLY_F16,
     "q8_0": _ll.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q6_k": _ll.LLAMA_FTYPE_MOSTLY_Q6_K,
+    "q4_k_m": _ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q4_k_s": _ll.LLAMA_FTYPE_MOSTLY_Q4_K_S,
     "q4_0": _ll.LLAMA_FTYPE_MOSTLY_Q4_0,
 }
 
 
 def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str], quant_type: str,
-             n_threads: int = 2) -> Path:
+             n_threads: int = 2, pure: bool = False) -> Path:
     """Re-quantize a GGUF (llama_model_quantize with allow_requantize): a cheaper draft
-    (Q4_0) or a bandwidth-heavy "big target" profile (F16). Written to a temporary name
-    and renamed, so an interrupted run leaves nothing that looks complete."""
+    (Q4_0) or a bandwidth-heavy "big target" profile (F16); `pure` gives every tensor the one
+    type (no K-quant mixture: kernel tests). Written to a temporary name and renamed, so an
+    interrupted run leaves nothing that looks complete."""
     _init_backend()
     if quant_type not in QUANT_TYPES:
         raise LlamaSpecError(f"unknown quantization {quant_type!r}; choose from {', '.join(QUANT_TYPES)}")
@@ -469,6 +474,7 @@ def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str]
     params = _ll.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[quant_type]
     params.allow_requantize = True
+    params.pure = pure
     params.nthread = n_threads
     _recent_errors.clear()
     try:
@@ -513,6 +519,36 @@ def system_info() -> str:
     """The CPU features llama.cpp was compiled with (AVX2 = 1, ...): the build, in one line."""
     _init_backend()
     return (_ll.llama_print_system_info() or b"").decode("utf-8", "replace").strip()
+
+
+def cpu_kernels() -> str:
+    """What the CPU backend does with verify-sized batches, in words (from the build's system info):
+    stock kernels, batch-invariant per-row kernels, or batch-invariant multi-row kernels."""
+    fields = dict(re.findall(r"(\w+) = ([^|\s]+)", system_info()))
+    limit = int(fields.get("BATCH_INVARIANT", "0"))
+    if limit < 2:
+        return "stock kernels (batch size changes the reduction order; build without LLAMASPEC_STOCK for bit-exact)"
+    multirow = fields.get("MULTIROW", "none")
+    if multirow == "none":
+        return f"batch-invariant up to {limit} tokens, per-row kernels (no multi-row kernels on this CPU)"
+    return (f"batch-invariant up to {limit} tokens, multi-row kernels for {multirow.replace(',', ', ')} "
+            "(other types per row)")
+
+
+def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: bool = False) -> bool:
+    """Switch the patched build's small-batch CPU kernels at run time, so stock and patched
+    costs are measured side by side in one process: batch_invariant 0 = stock kernels, N = batches
+    up to N computed row for row like a batch of one (multirow: with the multi-row kernels;
+    control: a deliberately different rounding on rows 1.., for tests). False on a build
+    without the switch (stock llama-cpp-python)."""
+    _init_backend()
+    lib = ctypes.CDLL(_ll.llama_cpp._lib._name)  # libllama's handle also finds ggml's symbols
+    setter = getattr(lib, "ggml_cpu_batch_invariant_set", None)
+    if setter is None:
+        return False
+    setter.argtypes, setter.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int], None
+    setter(batch_invariant, int(multirow), int(control))
+    return True
 
 
 # The llama.cpp in llama-cpp-python 0.3.36 speaks RPC protocol 7.0 (ggml-rpc.h); HELLO is

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Verify-batch cost of the CPU kernels, stock against patched, side by side in one process.
+
+For each n the target evaluates n tokens (logits on every row) at a cache depth of 64, the
+way a verify batch does. The kernel modes alternate inside every repeat, so drift on a shared
+machine hits all of them alike:
+
+  stock     GGML_CPU_BATCH_INVARIANT=0: llama.cpp's own kernels (sgemm, repacked gemm, ...)
+  per-row   batch-invariant, every row its own gemv / vec_dot (cpp_patches/0001)
+  multirow  batch-invariant with the multi-row kernels (cpp_patches/0002; the default build)
+
+Printed: ms per eval and the ratio to n = 1 for each mode; the achieved weight bandwidth at
+n = 1 (GB/s: matmul weight bytes read per token / time) and the effective int8 multiply-add
+rate at n = 16 (GMAC/s: 16 x weight elements / time) — the two physical limits.
+
+    .venv/bin/python scripts/kernel_bench.py [--target NAME|PATH] [--threads 2] [--repeats 5]
+        [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from llamaspec.calibrate import N_CONTEXT, filler_tokens  # noqa: E402
+from llamaspec.cli_common import resolve_model  # noqa: E402
+from llamaspec.errors import LlamaSpecError  # noqa: E402
+from llamaspec.model import Model, ModelOptions, set_cpu_kernels, system_info  # noqa: E402
+from llamaspec.models import DEFAULT_TARGET, sha256_cached  # noqa: E402
+
+SIZES = [1, 2, 3, 4, 6, 8, 12, 16]
+MODES = {"stock": (0, False), "per-row": (16, False), "multirow": (16, True)}
+
+
+def matmul_weights(path: Path) -> tuple[int, int]:
+    """Bytes and elements of the weights a token's forward pass multiplies with (every 2-D
+    tensor but the embedding lookup, which is the output head too when the model has none)."""
+    import gguf
+
+    tensors = [t for t in gguf.GGUFReader(str(path)).tensors if len(t.shape) == 2]
+    has_output = any(t.name == "output.weight" for t in tensors)
+    used = [t for t in tensors if t.name != "token_embd.weight" or not has_output]
+    return sum(int(t.n_bytes) for t in used), sum(int(t.n_elements) for t in used)
+
+
+def measure(model: Model, modes: dict[str, tuple[int, bool]], repeats: int) -> dict[str, dict[int, float]]:
+    base = filler_tokens(model)
+    model.reset()
+    model.eval(base)
+    times: dict[str, dict[int, list[float]]] = {mode: {n: [] for n in SIZES} for mode in modes}
+    for round_ in range(repeats + 1):  # round 0 warms up every mode
+        for mode, (batch_invariant, multirow) in modes.items():
+            set_cpu_kernels(batch_invariant, multirow)
+            for n in SIZES:
+                start = time.perf_counter()
+                model.eval(base[:n], all_logits=True)
+                elapsed = time.perf_counter() - start
+                model.rollback(len(base))
+                if round_:
+                    times[mode][n].append(elapsed)
+    set_cpu_kernels(16, True)
+    return {mode: {n: round(1000 * statistics.median(t), 2) for n, t in by_n.items()} for mode, by_n in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=None, help="GGUF path or registered name (default: the Qwen target)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.repeats < 1 or args.threads < 1:
+        print("error: --repeats and --threads must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        path = resolve_model(args.target or DEFAULT_TARGET)
+        if not set_cpu_kernels(16, True):
+            raise LlamaSpecError("this llama-cpp-python has no kernel switch: it is not the patched build "
+                                 "(scripts/install.sh builds it; LLAMASPEC_STOCK=1 builds stock)")
+        with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512)) as model:
+            costs = measure(model, MODES, args.repeats)
+    except LlamaSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    weight_bytes, weight_elements = matmul_weights(path)
+    report = {
+        "target": str(path), "sha256": sha256_cached(path), "threads": args.threads, "repeats": args.repeats,
+        "cache_depth": N_CONTEXT, "build": system_info(), "ms": costs,
+        "ratio_to_1": {mode: {n: round(ms / by_n[1], 3) for n, ms in by_n.items()} for mode, by_n in costs.items()},
+        "gb_per_s_at_1": {mode: round(weight_bytes / (by_n[1] / 1000) / 1e9, 1) for mode, by_n in costs.items()},
+        "gmac_per_s_at_16": {mode: round(16 * weight_elements / (by_n[16] / 1000) / 1e9, 1)
+                             for mode, by_n in costs.items()},
+    }
+    print(f"{path.name}, {args.threads} threads, median of {args.repeats}; ms per eval (ratio to n = 1)")
+    print("n".rjust(4) + "".join(mode.rjust(20) for mode in MODES))
+    for n in SIZES:
+        print(str(n).rjust(4) + "".join(f"{costs[m][n]:10.1f} ({report['ratio_to_1'][m][n]:5.2f}x)".rjust(20)
+                                        for m in MODES))
+    print("GB/s at n = 1:    " + "  ".join(f"{m} {v}" for m, v in report["gb_per_s_at_1"].items()))
+    print("GMAC/s at n = 16: " + "  ".join(f"{m} {v}" for m, v in report["gmac_per_s_at_16"].items()))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
