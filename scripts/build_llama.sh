@@ -1,67 +1,68 @@
 #!/usr/bin/env bash
-# Build llama-cpp-python 0.3.36 with the batch-invariance patches in cpp_patches/ into
-# ./.venv-patched (a second venv; ./.venv keeps the stock build), then install llamaspec there.
+# Build llama-cpp-python 0.3.36 from its sdist into a venv (default ./.venv), with the patches in
+# cpp_patches/ applied: batch-invariant small batches with multi-row kernels, so a verify batch
+# is bit-identical to plain decoding and cheaper than stock. scripts/install.sh calls this.
 #
-#   scripts/build_patched.sh            # idempotent: skips the build when the venv already
-#                                       # holds a build of exactly these patches
-#   LLAMASPEC_REBUILD=1 scripts/build_patched.sh   # force a rebuild
-#   EXTRA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" ...    # extra llama.cpp options (changes the marker)
+#   scripts/build_llama.sh                        # idempotent: skips the build when the venv
+#                                                 # already holds a build of exactly these inputs
+#   LLAMASPEC_STOCK=1 scripts/install.sh          # llama.cpp's stock kernels (no patches)
+#   LLAMASPEC_REBUILD=1 scripts/install.sh        # force a rebuild
+#   EXTRA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" ...   # extra llama.cpp options (part of the stamp)
 #
 # Steps: pip download the sdist (vendored llama.cpp), apply cpp_patches/*.patch in name order,
-# build with the AMX-safe flags of scripts/cpu_cmake_args.sh (--no-cache-dir so no wheel built
-# with other flags or without the patches is ever reused), pip install -e . of the project.
-# The patched CPU backend reports "BATCH_INVARIANT = 16" in llama_print_system_info(); the
-# environment variable GGML_CPU_BATCH_INVARIANT=N changes the largest invariant batch at run
-# time (0 = stock behaviour, for side-by-side measurements with one build).
+# build a wheel with the AMX-safe flags of scripts/cpu_cmake_args.sh (--no-cache-dir, so no
+# wheel built with other flags or patches is ever reused), then install it. A patch that does
+# not apply or a failed build is one error line and leaves the venv's previous llama-cpp-python
+# as it was (nothing is installed until the wheel exists).
+# The patched CPU backend reports "BATCH_INVARIANT = 16 | MULTIROW = Q4_K,Q6_K" in
+# llama_print_system_info(); GGML_CPU_BATCH_INVARIANT=0 gives stock kernels at run time,
+# GGML_CPU_MULTIROW=0 the per-row invariant kernels (or llamaspec.model.set_cpu_kernels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
-PYTHON="${PYTHON:-python3}"
-VENV="${VENV_PATCHED:-$ROOT/.venv-patched}"
+VENV="${VENV:-$ROOT/.venv}"
 VERSION=0.3.36
-MARKER="$VENV/.llamaspec-patched"
+MARKER="$VENV/.llamaspec-build"
+LOG="$VENV/llamaspec-build.log"
 
-shopt -s nullglob
-patches=("$ROOT"/cpp_patches/*.patch)
-shopt -u nullglob
-[[ ${#patches[@]} -gt 0 ]] || { echo "no patches in cpp_patches/" >&2; exit 1; }
-
+patches=()
+if [[ -z "${LLAMASPEC_STOCK:-}" ]]; then
+  shopt -s nullglob
+  patches=("$ROOT"/cpp_patches/*.patch)
+  shopt -u nullglob
+  [[ ${#patches[@]} -gt 0 ]] || { echo "error: no patches in cpp_patches/ (LLAMASPEC_STOCK=1 builds stock)" >&2; exit 1; }
+fi
+kind=$([[ ${#patches[@]} -gt 0 ]] && echo patched || echo stock)
 cmake_args="$(scripts/cpu_cmake_args.sh) ${EXTRA_CMAKE_ARGS:-}"
-stamp="$( { cat "${patches[@]}"; echo "version=$VERSION"; echo "cmake=$cmake_args"; } | sha256sum | cut -d' ' -f1)"
-
-[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+stamp="$( { [[ ${#patches[@]} -gt 0 ]] && cat "${patches[@]}"; echo "kind=$kind version=$VERSION cmake=$cmake_args"; } | sha256sum | cut -d' ' -f1)"
 
 if [[ -z "${LLAMASPEC_REBUILD:-}" && -f "$MARKER" && "$(cat "$MARKER")" == "$stamp" ]] && \
    "$VENV/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null; then
-  echo "patched llama-cpp-python $VERSION already built in $VENV (patch hash ${stamp:0:12})" >&2
-else
-  "$VENV/bin/python" -m pip install -q --upgrade pip wheel
-  work="$(mktemp -d)"
-  trap 'rm -rf "$work"' EXIT
-  "$VENV/bin/python" -m pip download -q --no-cache-dir --no-binary :all: --no-deps \
-      -d "$work" "llama-cpp-python==$VERSION"
-  tar xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
-  src="$work/llama_cpp_python-$VERSION"
-  for p in "${patches[@]}"; do
-    echo "applying $(basename "$p")" >&2
-    patch -d "$src" -p1 --forward --batch < "$p"
-  done
-  export CMAKE_ARGS="$cmake_args"
-  echo "building patched llama-cpp-python $VERSION with CMAKE_ARGS=$CMAKE_ARGS (takes several minutes)" >&2
-  start=$(date +%s)
-  rm -f "$MARKER"
-  "$VENV/bin/python" -m pip install --no-cache-dir --force-reinstall --no-deps "$src"
-  echo "built in $(( $(date +%s) - start )) s" >&2
-  # llama-cpp-python's own dependencies (installed --no-deps above so nothing else is rebuilt)
-  "$VENV/bin/python" -m pip install -q numpy typing-extensions diskcache jinja2
-  echo "$stamp" > "$MARKER"
+  echo "llama-cpp-python $VERSION ($kind) already built in $VENV" >&2
+  exit 0
 fi
 
-"$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
-"$VENV/bin/python" - <<'PY'
-import llama_cpp
-llama_cpp.llama_backend_init()
-info = llama_cpp.llama_print_system_info().decode()
-assert "BATCH_INVARIANT" in info, "the installed llama-cpp-python is not the patched build: " + info
-print("patched build OK:", info.strip())
-PY
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "error: $1 (log: $LOG)" >&2; exit 1; }
+: > "$LOG"
+"$VENV/bin/python" -m pip download -q --no-cache-dir --no-binary :all: --no-deps -d "$work" \
+    "llama-cpp-python==$VERSION" >>"$LOG" 2>&1 || fail "downloading the llama-cpp-python $VERSION sdist failed"
+tar xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
+src="$work/llama_cpp_python-$VERSION"
+for p in "${patches[@]}"; do
+  patch -d "$src" -p1 --forward --batch < "$p" >>"$LOG" 2>&1 || \
+    fail "cpp_patches/$(basename "$p") does not apply to llama-cpp-python $VERSION"
+done
+echo "building $kind llama-cpp-python $VERSION with CMAKE_ARGS=$cmake_args (takes several minutes)" >&2
+start=$(date +%s)
+CMAKE_ARGS="$cmake_args" "$VENV/bin/python" -m pip wheel --no-cache-dir --no-deps -w "$work/wheel" "$src" \
+    >>"$LOG" 2>&1 || fail "building $kind llama-cpp-python $VERSION failed"
+rm -f "$MARKER"
+"$VENV/bin/python" -m pip install -q --no-cache-dir --force-reinstall --no-deps "$work"/wheel/*.whl >>"$LOG" 2>&1 || \
+    fail "installing the llama-cpp-python wheel failed"
+# llama-cpp-python's own dependencies (installed --no-deps above so nothing else is rebuilt)
+"$VENV/bin/python" -m pip install -q numpy typing-extensions diskcache jinja2 >>"$LOG" 2>&1 || \
+    fail "installing llama-cpp-python's dependencies failed"
+echo "$stamp" > "$MARKER"
+echo "built in $(( $(date +%s) - start )) s: $("$VENV/bin/python" -c 'import llama_cpp; llama_cpp.llama_backend_init(); print(llama_cpp.llama_print_system_info().decode().strip())')" >&2
