@@ -164,16 +164,17 @@ def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max
     return report
 
 
-def strict_cache_key(model: Model) -> str:
+def strict_cache_key(model: Model, batch_max: int) -> str:
     options = model.options
     return (f"{sha256_cached(model.path)}|{system_info()}|threads={options.n_threads}|fa={options.flash_attn}"
-            f"|repack={options.repack}|gpu={options.n_gpu_layers}")
+            f"|repack={options.repack}|gpu={options.n_gpu_layers}|batch_max={batch_max}")
 
 
-def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, batch_max: int = 9) -> int:
-    """The k --strict may use on this model + build + settings, audited once and cached."""
+def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, batch_max: int = 16) -> int:
+    """The k --strict may use on this model + build + settings, audited once and cached.
+    batch_max 16: the longest verify batch k = "auto" uses (K_MAX 15), all exact on the default build."""
     def audit() -> dict:
         report = run_audit(model, prompts, max_tokens, batch_max)
         return {"max_k": report.max_exact_k(), "summary": report.sentence()}
 
-    return int(remembered("strict", strict_cache_key(model), audit)["max_k"])
+    return int(remembered("strict", strict_cache_key(model, batch_max), audit)["max_k"])

@@ -45,3 +45,53 @@ def truncate_layers(source: str | Path, destination: str | Path, n_layers: int) 
         writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
     writer.close()
     return Path(destination)
+
+
+def random_llama(source: str | Path, destination: str | Path, n_embd: int = 256, n_ff: int = 512,
+                 n_layers: int = 2, seed: int = 0) -> Path:
+    """Write `destination`: a llama model with `source`'s tokenizer and random F32 weights of
+    the given widths. Why: the tiny shipped models are 64 wide, too narrow for the 256-wide
+    K-quant blocks; quantized, this exercises every kernel type on every matmul."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    if arch != "llama":
+        raise LlamaSpecError(f"{source} is {arch}; random_llama needs a llama-architecture source")
+    n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
+    n_head_kv = int(reader.fields[f"{arch}.attention.head_count_kv"].contents())
+    n_vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").data.shape[0]
+    head_dim = n_embd // n_head
+    sizes = {f"{arch}.embedding_length": n_embd, f"{arch}.feed_forward_length": n_ff,
+             f"{arch}.block_count": n_layers, f"{arch}.rope.dimension_count": head_dim}
+    writer = gguf.GGUFWriter(str(destination), arch, endianess=reader.endianess)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, sizes.get(field.name, field.contents()), value_type, sub_type=sub_type)
+    rng = np.random.default_rng(seed)
+    # numpy shapes are (rows, row length): GGUF's (ne1, ne0)
+    shapes = {"token_embd.weight": (n_vocab, n_embd), "output_norm.weight": (n_embd,),
+              "output.weight": (n_vocab, n_embd)}
+    for layer in range(n_layers):
+        shapes |= {f"blk.{layer}.attn_norm.weight": (n_embd,), f"blk.{layer}.ffn_norm.weight": (n_embd,),
+                   f"blk.{layer}.attn_q.weight": (n_embd, n_embd),
+                   f"blk.{layer}.attn_k.weight": (n_head_kv * head_dim, n_embd),
+                   f"blk.{layer}.attn_v.weight": (n_head_kv * head_dim, n_embd),
+                   f"blk.{layer}.attn_output.weight": (n_embd, n_embd),
+                   f"blk.{layer}.ffn_gate.weight": (n_ff, n_embd), f"blk.{layer}.ffn_up.weight": (n_ff, n_embd),
+                   f"blk.{layer}.ffn_down.weight": (n_embd, n_ff)}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            data = np.ones(shape, dtype=np.float32)
+        else:
+            data = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(destination)

@@ -73,3 +73,21 @@ def test_strict_mode_equals_plain_for_every_k(stories, truncated_draft, tmp_path
             for text in STORY_PROMPTS:
                 plain = list(decoder.generate(text, max_tokens=64, speculative=False))
                 assert list(decoder.generate(text, max_tokens=64)) == plain, (k, text)
+
+
+def test_cache_keys_tell_kernel_settings_apart(stories):
+    """Cost curves and strict-mode audits measured with one kernel setting are never reused for
+    another: repacking and n_batch change which kernels run, and a wider audit is another result."""
+    from types import SimpleNamespace
+
+    from llamaspec.audit import strict_cache_key
+    from llamaspec.calibrate import _key
+
+    def model(**options) -> SimpleNamespace:
+        return SimpleNamespace(path=stories, options=ModelOptions(n_ctx=512, **options))
+
+    base = _key(model(), [1, 2])
+    assert base == _key(model(), [1, 2])
+    assert len({base, _key(model(repack=False), [1, 2]), _key(model(n_batch=64), [1, 2])}) == 3
+    assert strict_cache_key(model(), 9) != strict_cache_key(model(), 16)
+    assert strict_cache_key(model(), 16) != strict_cache_key(model(repack=False), 16)

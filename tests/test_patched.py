@@ -1,9 +1,12 @@
-"""The batch-invariant llama.cpp build (cpp_patches/, scripts/build_patched.sh) in .venv-patched:
-verify batches of every size up to 16 must give logits bit-identical to sequential decoding.
+"""The default (patched) llama.cpp build, cpp_patches/: verify batches of every size up to 16
+must give logits bit-identical to sequential decoding, through the multi-row kernels too.
 
-Runs `llamaspec audit` with .venv-patched/bin/python in a subprocess (the test process itself
-uses the stock build). Fails, with instructions, when .venv-patched has not been built.
-The Gemma 3 270M case is marked slow (it fetches the model on first use, like tests/test_slow.py).
+Runs `llamaspec audit` in a subprocess (each with its own kernel environment). The kernel
+tests quantize a random 256-wide model to one type per tensor (Q4_K, Q6_K, Q4_0, Q8_0, F16),
+so every matmul runs that type's kernel at batches 1..16 (tiles of 8 and 16 rows and every odd
+tail), at 1 and 2 threads; a control run with another rounding on all but the first row of a
+tile must be caught, so the comparison has power.
+The Gemma 3 270M cases are marked slow (they fetch the model on first use, like tests/test_slow.py).
 """
 
 from __future__ import annotations
@@ -11,38 +14,36 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO
 
-PATCHED_PYTHON = Path(os.environ.get("LLAMASPEC_PATCHED_VENV", REPO / ".venv-patched")) / "bin" / "python"
 BATCH_MAX = 16
 # a prompt long enough that the KV cache passes 256 and 512 cells, where flash attention's
 # stock kernel switches from one pass to KV chunks split by thread count
 LONG_TEXT = ("Once upon a time there was a little girl who lived in a village near the forest. "
              "Every day she walked to the river with her dog and her grandmother's basket. ") * 24
+KERNEL_TYPES = ["q4_k_s", "q6_k", "q4_0", "q8_0", "f16"]
+MULTIROW_TYPES = {"q4_k_s": "Q4_K", "q6_k": "Q6_K"}
 
 
-def patched_python() -> Path:
-    if not PATCHED_PYTHON.is_file():
-        pytest.fail(f"{PATCHED_PYTHON} is missing: run scripts/build_patched.sh first "
-                    "(builds the patched llama-cpp-python into .venv-patched, several minutes)")
-    info = subprocess.run(
-        [str(PATCHED_PYTHON), "-c", ("import llama_cpp; llama_cpp.llama_backend_init(); "
-                                    "print(llama_cpp.llama_print_system_info().decode())")],
-        capture_output=True, text=True, timeout=120, check=False)
-    if "BATCH_INVARIANT" not in info.stdout:
-        pytest.fail(f"{PATCHED_PYTHON} does not hold the patched build (system info: {info.stdout.strip()!r} "
-                    f"{info.stderr.strip()[-500:]}); run LLAMASPEC_REBUILD=1 scripts/build_patched.sh")
-    return PATCHED_PYTHON
+def system_info() -> str:
+    from llamaspec.model import system_info as info
+
+    text = info()
+    if "BATCH_INVARIANT" not in text:
+        pytest.fail(f"this llama-cpp-python is not the patched build (system info: {text!r}); "
+                    "run scripts/install.sh without LLAMASPEC_STOCK")
+    return text
 
 
 def audit(tmp_path: Path, target: Path, *extra: str, prompts: list[str] | None = None,
-          max_tokens: int = 32, limit: int = 2, timeout: int = 1800) -> dict:
-    python = patched_python()
+          max_tokens: int = 32, limit: int = 2, timeout: int = 1800, env: dict[str, str] | None = None) -> dict:
+    system_info()
     out = tmp_path / f"audit-{target.stem}-{'-'.join(e.strip('-') for e in extra) or 'default'}.json"
-    command = [str(python), "-m", "llamaspec.cli", "audit", "--target", str(target),
+    command = [sys.executable, "-m", "llamaspec.cli", "audit", "--target", str(target),
                "--limit", str(limit), "--max-tokens", str(max_tokens), "--batch-max", str(BATCH_MAX),
                "--json", str(out), *extra]
     if prompts is not None:
@@ -50,9 +51,9 @@ def audit(tmp_path: Path, target: Path, *extra: str, prompts: list[str] | None =
         prompt_file.write_text("".join(json.dumps({"id": f"p{i}", "category": "test", "prompt": p}) + "\n"
                                        for i, p in enumerate(prompts)), encoding="utf-8")
         command += ["--prompts", str(prompt_file)]
-    env = dict(os.environ)
-    env.pop("GGML_CPU_BATCH_INVARIANT", None)
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout, check=False)
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_CPU_")} | (env or {})
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=run_env, timeout=timeout,
+                          check=False)
     assert done.returncode == 0, f"audit failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return json.loads(out.read_text())
 
@@ -98,3 +99,54 @@ def test_patched_gemma_long_context_bit_exact(tmp_path):
 
     gemma = models.fetch("gemma-3-270m")
     assert_bit_exact(audit(tmp_path, gemma, prompts=[LONG_TEXT * 2], limit=1, max_tokens=32))
+
+
+@pytest.fixture(scope="session")
+def kernel_models(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A random 2-layer llama, 256 wide (K-quant blocks), with every tensor of one type."""
+    from llamaspec.gguf_tools import random_llama
+    from llamaspec.model import quantize
+
+    folder = tmp_path_factory.mktemp("kernels")
+    f32 = random_llama(stories, folder / "random-f32.gguf", n_embd=256, n_ff=512)
+    return {quant: quantize(f32, folder / f"random-{quant}.gguf", quant, pure=True) for quant in KERNEL_TYPES}
+
+
+def test_system_info_names_the_multirow_kernels():
+    from llamaspec.model import cpu_kernels
+
+    info = system_info()
+    if " AVX2 = 1" in info:
+        assert "MULTIROW = Q4_K,Q6_K" in info, info
+        assert cpu_kernels().startswith("batch-invariant up to 16 tokens, multi-row kernels for Q4_K, Q6_K")
+    else:  # no AVX2 (or not x86): the per-row invariant kernels, and the build says so
+        assert "MULTIROW = none" in info, info
+        assert "per-row kernels" in cpu_kernels()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("quant", KERNEL_TYPES)
+def test_kernels_bit_exact_at_every_batch(tmp_path, kernel_models, quant, threads):
+    report = audit(tmp_path, kernel_models[quant], "--threads", str(threads), max_tokens=24)
+    assert_bit_exact(report)
+    if quant in MULTIROW_TYPES and " AVX2 = 1" in system_info():
+        assert MULTIROW_TYPES[quant] in report["meta"]["kernels"]
+
+
+@pytest.mark.parametrize("quant", sorted(MULTIROW_TYPES))
+def test_multirow_control_rounding_is_caught(tmp_path, kernel_models, quant):
+    """The same audit with GGML_CPU_MULTIROW_CONTROL=1 (rows 1.. of a tile rounded another way):
+    every size from 2 up must differ, so the multi-row kernels really ran and the audit sees it."""
+    if " AVX2 = 1" not in system_info():
+        pytest.skip("no multi-row kernels on this CPU")
+    report = audit(tmp_path, kernel_models[quant], env={"GGML_CPU_MULTIROW_CONTROL": "1"}, max_tokens=24)
+    assert report["bit_exact_sizes"] == [], report["summary"]
+    assert all(row["rows_different"] > 0 for row in report["batch_sizes"].values())
+
+
+def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
+    """GGML_CPU_BATCH_INVARIANT=0 (stock kernels, same build): Q4_K from batch 4 on (repacked
+    gemm) differs from batch 1 — the difference the patches remove."""
+    report = audit(tmp_path, kernel_models["q4_k_s"], env={"GGML_CPU_BATCH_INVARIANT": "0"}, max_tokens=24)
+    assert "stock kernels" in report["meta"]["kernels"]
+    assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
