@@ -3,9 +3,9 @@ must give logits bit-identical to sequential decoding, through the multi-row ker
 
 Runs `llamaspec audit` in a subprocess (each with its own kernel environment). The kernel
 tests quantize a random 256-wide model to one type per tensor (Q4_K, Q6_K, Q4_0, Q8_0, F16),
-so every matmul runs that type's kernel at batches 1..16 (tiles of 8 and 16 rows and every odd
-tail), at 1 and 2 threads; a control run with another rounding on all but the first row of a
-tile must be caught, so the comparison has power.
+so every matmul runs that type's kernel at batches 1..16 (tiles of up to 16 rows, groups and odd
+tails), at 1 and 2 threads; a control run with another reduction order or rounding on all but the
+first row of a tile must be caught, so the comparison has power.
 The Gemma 3 270M cases are marked slow (they fetch the model on first use, like tests/test_slow.py).
 """
 
@@ -26,7 +26,7 @@ BATCH_MAX = 16
 LONG_TEXT = ("Once upon a time there was a little girl who lived in a village near the forest. "
              "Every day she walked to the river with her dog and her grandmother's basket. ") * 24
 KERNEL_TYPES = ["q4_k_s", "q6_k", "q4_0", "q8_0", "f16"]
-MULTIROW_TYPES = {"q4_k_s": "Q4_K", "q6_k": "Q6_K"}
+MULTIROW_TYPES = {"q4_k_s": "Q4_K", "q6_k": "Q6_K", "q4_0": "Q4_0", "q8_0": "Q8_0", "f16": "F16"}
 
 
 def system_info() -> str:
@@ -117,11 +117,12 @@ def test_system_info_names_the_multirow_kernels():
 
     info = system_info()
     if " AVX2 = 1" in info:
-        assert "MULTIROW = Q4_K,Q6_K" in info, info
-        assert cpu_kernels().startswith("batch-invariant up to 16 tokens, multi-row kernels for Q4_K, Q6_K")
-    else:  # no AVX2 (or not x86): the per-row invariant kernels, and the build says so
-        assert "MULTIROW = none" in info, info
-        assert "per-row kernels" in cpu_kernels()
+        assert "MULTIROW = Q4_0,Q4_K,Q6_K,Q8_0,F16" in info, info
+        assert cpu_kernels().startswith("batch-invariant up to 16 tokens, multi-row kernels for Q4_0, Q4_K, Q6_K, "
+                                        "Q8_0, F16")
+    else:  # no AVX2 (or not x86): F16 at most (generic SIMD), the quantized types per row, and it says so
+        assert "MULTIROW = F16" in info or "MULTIROW = none" in info, info
+        assert "Q4_K" not in cpu_kernels()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -129,14 +130,15 @@ def test_system_info_names_the_multirow_kernels():
 def test_kernels_bit_exact_at_every_batch(tmp_path, kernel_models, quant, threads):
     report = audit(tmp_path, kernel_models[quant], "--threads", str(threads), max_tokens=24)
     assert_bit_exact(report)
-    if quant in MULTIROW_TYPES and " AVX2 = 1" in system_info():
+    if " AVX2 = 1" in system_info():
         assert MULTIROW_TYPES[quant] in report["meta"]["kernels"]
 
 
-@pytest.mark.parametrize("quant", sorted(MULTIROW_TYPES))
+@pytest.mark.parametrize("quant", KERNEL_TYPES)
 def test_multirow_control_rounding_is_caught(tmp_path, kernel_models, quant):
-    """The same audit with GGML_CPU_MULTIROW_CONTROL=1 (rows 1.. of a tile rounded another way):
-    every size from 2 up must differ, so the multi-row kernels really ran and the audit sees it."""
+    """The same audit with GGML_CPU_MULTIROW_CONTROL=1 (rows 1.. of a tile reduced in another
+    order or rounded another way): every size from 2 up must differ, so the multi-row kernel of
+    this type really ran and the audit sees it."""
     if " AVX2 = 1" not in system_info():
         pytest.skip("no multi-row kernels on this CPU")
     report = audit(tmp_path, kernel_models[quant], env={"GGML_CPU_MULTIROW_CONTROL": "1"}, max_tokens=24)
