@@ -8,10 +8,24 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 from .errors import LlamaSpecError
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def _copy_metadata(reader, writer, value_of: Callable[[Any], object]) -> None:
+    """Every key-value field of `reader` into `writer`, with the value `value_of(field)` gives
+    (the architecture and GGUF.* fields are written by GGUFWriter itself)."""
+    import gguf
+
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value_of(field), value_type, sub_type=sub_type)
 
 
 def truncate_layers(source: str | Path, destination: str | Path, n_layers: int) -> Path:
@@ -25,15 +39,14 @@ def truncate_layers(source: str | Path, destination: str | Path, n_layers: int) 
     if not 1 <= n_layers <= n_blocks:
         raise LlamaSpecError(f"{source} has {n_blocks} blocks; cannot keep {n_layers}")
     writer = gguf.GGUFWriter(str(destination), arch, endianess=reader.endianess)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue  # written by GGUFWriter itself
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+
+    def value_of(field) -> object:
         value = n_layers if field.name == block_count_key else field.contents()
-        if value_type == gguf.GGUFValueType.ARRAY and isinstance(value, list) and len(value) == n_blocks:
+        if field.types[0] == gguf.GGUFValueType.ARRAY and isinstance(value, list) and len(value) == n_blocks:
             value = value[:n_layers]  # per-layer settings (head counts, window pattern)
-        writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
+        return value
+
+    _copy_metadata(reader, writer, value_of)
     kept = [t for t in reader.tensors if not ((m := _BLOCK.match(t.name)) and int(m.group(1)) >= n_layers)]
     for tensor in kept:
         writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
@@ -66,12 +79,7 @@ def random_llama(source: str | Path, destination: str | Path, n_embd: int = 256,
     sizes = {f"{arch}.embedding_length": n_embd, f"{arch}.feed_forward_length": n_ff,
              f"{arch}.block_count": n_layers, f"{arch}.rope.dimension_count": head_dim}
     writer = gguf.GGUFWriter(str(destination), arch, endianess=reader.endianess)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, sizes.get(field.name, field.contents()), value_type, sub_type=sub_type)
+    _copy_metadata(reader, writer, lambda field: sizes.get(field.name, field.contents()))
     rng = np.random.default_rng(seed)
     # numpy shapes are (rows, row length): GGUF's (ne1, ne0)
     shapes = {"token_embd.weight": (n_vocab, n_embd), "output_norm.weight": (n_embd,),
