@@ -6,6 +6,10 @@ bound to one sequence id of a shared context. A view's `eval` does not decode by
 it hands its tokens to the `SharedBatch` and waits. When every busy slot is waiting, the
 last one to arrive decodes all pending requests with one `decode_many` per model, so the
 verify rows of all slots go through llama.cpp together, and wakes the others.
+
+The lock is held for a whole round (and, with the target on RPC servers, up to their
+timeout), so nothing on the event loop may take it: each view publishes how many tokens
+the cache holds for its sequence after every round and rollback, for `/metrics` to read.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ class Cancelled(LlamaSpecError):
 
 @dataclass
 class _Request:
-    model: Model
-    seq: int
+    view: SequenceView
     tokens: list[int]
     all_logits: bool
     rows: np.ndarray | None = None
@@ -69,8 +72,8 @@ class SharedBatch:
                 self._busy -= 1
                 self._flush_if_ready()
 
-    def submit(self, model: Model, seq: int, tokens: Sequence[int], all_logits: bool) -> np.ndarray:
-        request = _Request(model, seq, list(tokens), all_logits)
+    def submit(self, view: SequenceView, tokens: Sequence[int], all_logits: bool) -> np.ndarray:
+        request = _Request(view, list(tokens), all_logits)
         with self.lock:
             self._pending.append(request)
             self._flush_if_ready()
@@ -87,12 +90,13 @@ class SharedBatch:
         pending, self._pending = self._pending, []
         groups: dict[int, list[_Request]] = {}
         for request in pending:
-            groups.setdefault(id(request.model), []).append(request)
+            groups.setdefault(id(request.view.model), []).append(request)
         for group in groups.values():
             try:
-                results = group[0].model.decode_many([(r.seq, r.tokens, r.all_logits) for r in group])
+                results = group[0].view.model.decode_many([(r.view.seq, r.tokens, r.all_logits) for r in group])
                 for request, rows in zip(group, results):
                     request.rows = rows
+                    request.view.publish_kv_tokens()
                 self.n_decodes += 1
                 self.n_rows += sum(len(r.tokens) for r in group)
             except Exception as exc:  # a failed decode fails every request in it, nothing else
@@ -118,6 +122,7 @@ class SequenceView:
         self.batch = batch
         self.n_ctx = n_ctx
         self.cancelled = threading.Event()
+        self._kv_tokens = model.kv_tokens(seq)  # written under batch.lock, read without it
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
@@ -137,19 +142,25 @@ class SequenceView:
             raise ValueError("eval needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFullError(f"{self.n_past + len(tokens)} tokens do not fit in a slot's context of {self.n_ctx}")
-        return self.batch.submit(self.model, self.seq, tokens, all_logits)
+        return self.batch.submit(self, tokens, all_logits)
 
     def rollback(self, n_keep: int) -> None:
         with self.batch.lock:
             self.model.rollback(n_keep, self.seq)
+            self.publish_kv_tokens()
 
     def reset(self) -> None:
         """Remove the sequence from the cache (the slot is free again)."""
         self.rollback(0)
 
+    def publish_kv_tokens(self) -> None:
+        """Read the sequence's token count from llama.cpp's cache (the caller holds batch.lock)."""
+        self._kv_tokens = self.model.kv_tokens(self.seq)
+
     def kv_tokens(self) -> int:
-        with self.batch.lock:
-            return self.model.kv_tokens(self.seq)
+        """Tokens the cache held for this sequence after the last round or rollback. Never
+        waits for the lock: a scrape during a long decode round answers at once."""
+        return self._kv_tokens
 
     def close(self) -> None:
         """Nothing to free: the shared model belongs to the server."""

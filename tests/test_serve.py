@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,12 +21,20 @@ from typing import Iterator
 import httpx
 import numpy as np
 import pytest
+import uvicorn
 from openai import OpenAI
 
 from conftest import STORY_PROMPTS, run_cli
+from llamaspec import ModelOptions, SpeculativeDecoder
+from llamaspec.server import Engine, ServerConfig, create_app
 
 TIE = 0.01  # a top-2 logit gap this small is a floating-point tie between batch shapes
 MAX_TOKENS = 48
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
 
 
 class Server:
@@ -57,9 +66,7 @@ class Server:
         return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
 
     def metrics(self, headers: dict[str, str] | None = None) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", headers=headers).text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line and not line.startswith("#")}
+        return parse_metrics(httpx.get(self.url + "/metrics", headers=headers).text)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -114,8 +121,6 @@ def test_openai_client_completions_and_chat_equal_generate(stories_server: Serve
 def _divergence_is_tie(stories: Path, truncated_draft: Path, prompt: str, text: str) -> tuple[bool, str]:
     """Locate the first token whose text the concurrent output does not continue, and
     measure the sequential top-2 gap there."""
-    from llamaspec import ModelOptions, SpeculativeDecoder
-
     with SpeculativeDecoder(stories, truncated_draft, k=3, drafter="model", options=ModelOptions(n_ctx=256)) as d:
         tokens = list(d.generate(prompt, max_tokens=MAX_TOKENS))
         index = next(i for i in range(len(tokens)) if not text.startswith(d.target.detokenize(tokens[: i + 1])))
@@ -234,3 +239,74 @@ def test_serve_bad_flags_exit_with_one_line(stories: Path) -> None:
         assert result.stderr.strip().splitlines()[-1].startswith("error: cannot listen"), result.stderr
     finally:
         server.stop()
+
+
+def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draft: Path) -> None:
+    """/metrics runs on the event loop, so it must never wait for the shared batch's lock,
+    which a slot thread holds for a whole decode round: here the target's second round lasts
+    until the test has scraped (the server runs in this process so that decode can be held)."""
+    decoder = SpeculativeDecoder(stories, truncated_draft, k=3, drafter="model", options=ModelOptions(n_ctx=256))
+    engine = Engine(n_slots=1, n_ctx=256)
+    engine.start(decoder)
+    assert engine.pool is not None
+    in_round, finish_round = threading.Event(), threading.Event()
+    decode_many, rounds = decoder.target.decode_many, []
+
+    def long_round(items):  # runs on the slot thread, under the batch lock
+        rounds.append(items)
+        if len(rounds) == 2:  # after the prefill: the cache holds the prompt
+            in_round.set()
+            finish_round.wait(60)
+        return decode_many(items)
+
+    decoder.target.decode_many = long_round  # type: ignore[method-assign]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig("stories260K")), log_level="warning"))
+    # IPPROTO_TCP, so asyncio sets TCP_NODELAY on each connection: keep-alive scrapes are then
+    # not held ~40 ms by Nagle and delayed ACKs, which would blur what this test measures.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    answer: dict[str, httpx.Response] = {}
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    generation = threading.Thread(
+        target=lambda: answer.update(response=httpx.post(url + "/v1/completions", json=body, timeout=120)))
+    client = httpx.Client(timeout=5)
+    serving.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert time.monotonic() < deadline and serving.is_alive(), "the in-process server did not start"
+            time.sleep(0.01)
+        generation.start()
+        assert in_round.wait(60), "the generation never reached the target's second decode round"
+        held_elsewhere = not engine.pool.batch.lock.acquire(blocking=False)
+        if not held_elsewhere:
+            engine.pool.batch.lock.release()
+        assert held_elsewhere, "the slot thread should hold the batch lock during its round"
+        for _ in range(3):
+            start = time.monotonic()
+            scrape = client.get(url + "/metrics")
+            elapsed = time.monotonic() - start
+            assert scrape.status_code == 200
+            assert elapsed < 0.1, f"/metrics took {elapsed * 1000:.0f} ms during a decode round"
+        assert not answer, "the generation finished while its decode round was held"
+        values = parse_metrics(scrape.text)
+        assert values["llamaspec_slots_busy"] == 1
+        # The count published after the prefill round: what the cache holds (the slot thread
+        # is parked in the test's wait, not in llama.cpp, so reading the cache here is safe).
+        kv = values['llamaspec_kv_tokens{slot="0",model="target"}']
+        assert kv == decoder.target.kv_tokens(0) > 0, kv
+    finally:
+        finish_round.set()
+        client.close()
+        if generation.ident is not None:
+            generation.join(120)
+        server.should_exit = True
+        serving.join(30)
+        engine.pool.shutdown()
+        decoder.close()
+        sock.close()
+    assert answer["response"].status_code == 200, answer["response"].text
+    assert answer["response"].json()["usage"]["completion_tokens"] == 8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -33,6 +34,9 @@ class FakeModel:
 
     def rollback(self, n_keep: int, seq: int) -> None:
         del self.seq_tokens[seq][n_keep:]
+
+    def kv_tokens(self, seq: int) -> int:
+        return len(self.seq_tokens[seq])
 
 
 def _run_slots(batch: SharedBatch, views: list[SequenceView], steps: int, results: dict[int, list]) -> None:
@@ -98,3 +102,29 @@ def test_errors_reach_the_submitters_and_cancel_and_context_checks() -> None:
     view.cancelled.set()
     with pytest.raises(Cancelled):
         view.eval([2])
+
+
+def test_kv_tokens_is_published_per_round_and_read_without_the_lock() -> None:
+    batch = SharedBatch()
+    view = SequenceView(FakeModel(1), 0, batch, n_ctx=100)
+    view.eval([1, 2, 3])
+    assert view.kv_tokens() == 3
+    view.rollback(1)
+    assert view.kv_tokens() == 1
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a slot thread in the middle of a long decode round
+        with batch.lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        start = time.monotonic()
+        assert view.kv_tokens() == 1
+        assert time.monotonic() - start < 0.1
+    finally:
+        release.set()
+        holder.join(10)
