@@ -247,6 +247,23 @@ def models_fetch(names: Optional[list[str]] = typer.Argument(None, help="Models 
         typer.echo(_progress_fetch(name))
 
 
+@models_app.command("derive")
+@friendly
+def models_derive(
+    source: str = typer.Argument(..., help="Draft GGUF path or registered model name to trim."),
+    output: Path = typer.Argument(..., help="Where to write the trimmed draft (.gguf; its .inputs.gguf goes beside it)."),
+    vocab: int = typer.Option(32768, "--vocab", help="Tokens the draft's head keeps (the most frequent)."),
+    threads: int = ThreadsOpt,
+) -> None:
+    """A draft with a vocabulary-trimmed output head: cheaper per token, same output (the
+    target verifies over its full vocabulary). Tokens are ranked on Python's standard library."""
+    from .trim import derive
+
+    if output.suffix != ".gguf":
+        raise fail(f"the output must be a .gguf file, got {output}")
+    typer.echo(derive(resolve_model(source), output, vocab, n_threads=threads))
+
+
 @models_app.command("path")
 @friendly
 def models_path(name: str) -> None:

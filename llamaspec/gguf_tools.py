@@ -1,7 +1,8 @@
-"""GGUF surgery with the `gguf` package: a layer-truncated copy of a model.
+"""GGUF surgery with the `gguf` package: layer-truncated, vocabulary-trimmed and random copies.
 
 Keeping the first N transformer blocks of a model gives a draft with the target's exact
 vocabulary that agrees with it often but not always: the fixture rollback tests need.
+Keeping only some tokens gives a draft with a cheaper output head (see trim.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from .errors import LlamaSpecError
 
@@ -48,16 +51,91 @@ def truncate_layers(source: str | Path, destination: str | Path, n_layers: int) 
 
     _copy_metadata(reader, writer, value_of)
     kept = [t for t in reader.tensors if not ((m := _BLOCK.match(t.name)) and int(m.group(1)) >= n_layers)]
-    for tensor in kept:
-        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
-                               tensor.tensor_type)
+    _write_tensors(writer, [(t.name, t.data, t.tensor_type) for t in kept], reader.endianess)
+    return Path(destination)
+
+
+def _write_tensors(writer, tensors: list[tuple[str, Any, Any]], endianess) -> None:
+    """Finish `writer` with (name, data as the reader gives it, GGML type) tensors, raw bytes
+    kept as they are (quantized rows are whole blocks, so slicing rows keeps them valid)."""
+    for name, data, tensor_type in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for tensor in kept:
-        writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data, tensor_endianess=endianess)
     writer.close()
-    return Path(destination)
+
+
+_TOKENS = "tokenizer.ggml.tokens"
+_VOCAB_TENSORS = ("token_embd.weight", "output.weight")  # one row per token
+
+
+def always_kept(source: str | Path) -> np.ndarray:
+    """Token ids a trimmed vocabulary must keep so the tokenizer still loads and works: every
+    non-normal token (control, user-defined, byte), every single-character token (the byte
+    alphabet of byte-level BPE), and every id a *_token_id key names."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    texts = reader.fields[_TOKENS].contents()
+    keep = {i for i, text in enumerate(texts) if len(text) == 1}
+    if "tokenizer.ggml.token_type" in reader.fields:
+        types = reader.fields["tokenizer.ggml.token_type"].contents()
+        keep |= {i for i, kind in enumerate(types) if kind != gguf.TokenType.NORMAL}
+    keep |= {int(f.contents()) for name, f in reader.fields.items()
+             if name.startswith("tokenizer.ggml.") and name.endswith("_token_id")}
+    return np.array(sorted(t for t in keep if 0 <= t < len(texts)), dtype=np.int64)
+
+
+def trim_vocab(source: str | Path, destination: str | Path, keep: np.ndarray, extra: dict[str, str]) -> None:
+    """Write `destination`: `source` with only the `keep` tokens (ascending ids), renumbered
+    0..len(keep)-1: tokenizer arrays, embedding/output rows and special-token ids; plus the
+    `extra` string metadata."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    n_vocab = len(reader.fields[_TOKENS].data)
+    local = np.full(n_vocab, -1, dtype=np.int64)
+    local[keep] = np.arange(len(keep))
+
+    def value_of(field) -> object:
+        value = field.contents()
+        if not field.name.startswith("tokenizer.ggml."):
+            return value
+        if field.types[0] == gguf.GGUFValueType.ARRAY and len(field.data) == n_vocab:
+            return [value[i] for i in keep]
+        if field.name.endswith("_token_id") and 0 <= value < n_vocab:  # else unset (-1 as uint32)
+            if local[value] < 0:
+                raise LlamaSpecError(f"{field.name} = {value} is not among the kept tokens")
+            return int(local[value])
+        return value
+
+    writer = gguf.GGUFWriter(str(destination), arch, endianess=reader.endianess)
+    _copy_metadata(reader, writer, value_of)
+    for key, text in extra.items():
+        writer.add_string(key, text)
+    _write_tensors(writer, [(t.name, t.data[keep] if t.name in _VOCAB_TENSORS else t.data, t.tensor_type)
+                            for t in reader.tensors], reader.endianess)
+
+
+def write_token_table(source: str | Path, destination: str | Path, tensor: str, ids: np.ndarray,
+                      ids_key: str) -> None:
+    """Write `destination`: `source`'s full `tensor` (one row per token) and token texts, plus
+    `ids` under `ids_key`: what a trimmed draft needs to read, and to be checked by, every token."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    table = next((t for t in reader.tensors if t.name == tensor), None)
+    if table is None:
+        raise LlamaSpecError(f"{source} has no {tensor} tensor")
+    writer = gguf.GGUFWriter(str(destination), "llamaspec-token-table", endianess=reader.endianess)
+    writer.add_array(ids_key, [int(i) for i in ids])
+    writer.add_key_value(_TOKENS, reader.fields[_TOKENS].contents(), gguf.GGUFValueType.ARRAY,
+                         sub_type=gguf.GGUFValueType.STRING)
+    _write_tensors(writer, [(table.name, table.data, table.tensor_type)], reader.endianess)
 
 
 def random_llama(source: str | Path, destination: str | Path, n_embd: int = 256, n_ff: int = 512,
@@ -66,7 +144,6 @@ def random_llama(source: str | Path, destination: str | Path, n_embd: int = 256,
     the given widths. Why: the tiny shipped models are 64 wide, too narrow for the 256-wide
     K-quant blocks; quantized, this exercises every kernel type on every matmul."""
     import gguf
-    import numpy as np
 
     reader = gguf.GGUFReader(str(source))
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()

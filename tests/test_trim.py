@@ -1,0 +1,134 @@
+"""Vocabulary-trimmed drafts: token choice (numpy), the derived files, and losslessness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import STORY_PROMPTS, run_cli
+
+from llamaspec import trim
+from llamaspec.errors import LlamaSpecError
+
+CORPUS = [" ".join(STORY_PROMPTS) * 3, "Once upon a time there was a little girl named Lily."]
+
+
+def test_choose_tokens_keeps_always_then_most_frequent_ties_by_id():
+    counts = np.array([0, 5, 0, 9, 1, 0, 5, 0])
+    kept = trim.choose_tokens(counts, 5, always=np.array([7, 0]))
+    # 0 and 7 always; then 3 (9), then 1 and 6 (5 each, lower id first would be 1 then 6)
+    assert kept.tolist() == [0, 1, 3, 6, 7]
+    kept = trim.choose_tokens(counts, 4, always=np.array([7, 0]))
+    assert kept.tolist() == [0, 1, 3, 7]  # the tie 1 vs 6 goes to the lower id
+    kept = trim.choose_tokens(counts, 7, always=np.array([7]))
+    assert kept.tolist() == [0, 1, 2, 3, 4, 6, 7]  # unseen tokens by id: 0 and 2 before 5
+
+
+@pytest.mark.parametrize("n_keep", [0, -3, 2, 9])
+def test_choose_tokens_refuses_sizes_out_of_range(n_keep):
+    with pytest.raises(LlamaSpecError, match="between 3 and 8 tokens"):
+        trim.choose_tokens(np.ones(8, dtype=np.int64), n_keep, always=np.array([0, 1]))
+
+
+def test_expand_scatters_and_cuts():
+    vocab = trim.TrimmedVocab(np.array([1, 3]), np.array([-1, 0, -1, 1]), np.zeros((4, 1), np.uint8), 0, [])
+    full = vocab.expand(np.array([[2.0, 5.0]], dtype=np.float32))
+    assert full.tolist() == [[-np.inf, 2.0, -np.inf, 5.0]]
+    assert (vocab.local(3), vocab.local(2), vocab.local(4), vocab.local(-1)) == (1, -1, -1, -1)
+
+
+@pytest.fixture(scope="module")
+def trimmed(stories, tmp_path_factory):
+    return trim.derive(stories, tmp_path_factory.mktemp("trim") / "stories-v400.gguf", 400, texts=CORPUS)
+
+
+def test_derived_draft_speaks_target_ids_with_full_width_logits(stories, trimmed):
+    from llamaspec.model import Model, ModelOptions
+
+    options = ModelOptions(n_ctx=256)
+    with Model(stories, options) as full, Model(trimmed, options) as draft:
+        assert draft.trimmed is not None and len(draft.trimmed.ids) == 400
+        assert (draft.n_vocab, draft.n_vocab_local, draft.bos, draft.eos) == (full.n_vocab, 400, full.bos, full.eos)
+        assert [draft.token_text(t) for t in range(full.n_vocab)] == [full.token_text(t) for t in range(full.n_vocab)]
+        prompt = full.tokenize(STORY_PROMPTS[0])
+        cut = [t for t in range(full.n_vocab) if draft.trimmed.local(t) < 0]
+        assert cut and any(draft.trimmed.local(t) >= 0 for t in prompt)
+        # The input side reads every token, the cut ones too (embeddings of the full table).
+        tokens = [*prompt, cut[0], cut[-1]]
+        want, got = full.eval(tokens, all_logits=True), draft.eval(tokens, all_logits=True)
+        assert got.shape == want.shape
+        kept = draft.trimmed.ids
+        np.testing.assert_allclose(got[:, kept], want[:, kept], rtol=1e-4, atol=1e-4)
+        assert np.isneginf(got[:, cut]).all()
+        with pytest.raises(LlamaSpecError, match="not in the trimmed vocabulary"):
+            draft.token_bytes(cut[0])
+
+
+def _generate_all(target, draft) -> tuple[list[list[int]], float]:
+    """Greedy outputs on the story prompts, and the acceptance rate over all of them."""
+    from llamaspec import SpeculativeDecoder
+    from llamaspec.model import ModelOptions
+
+    outputs, drafted, accepted = [], 0, 0
+    with SpeculativeDecoder(target, draft, k=4, drafter="model" if draft else "auto",
+                            options=ModelOptions(n_ctx=256)) as decoder:
+        for text in STORY_PROMPTS:
+            outputs.append(list(decoder.generate(text, max_tokens=48)))
+            drafted, accepted = drafted + decoder.stats.n_drafted, accepted + decoder.stats.n_accepted
+    return outputs, accepted / drafted if drafted else 0.0
+
+
+def test_trimmed_draft_is_lossless(stories, trimmed, tmp_path):
+    plain, _ = _generate_all(stories, None)
+    spec, acceptance = _generate_all(stories, trimmed)
+    assert spec == plain
+    assert 0.0 < acceptance < 1.0  # the target's own model, but cut tokens are never drafted
+    # Keeping every token, the draft is the target itself, fed embeddings: all drafts accepted.
+    whole = trim.derive(stories, tmp_path / "stories-all.gguf", 512, texts=CORPUS)
+    spec, acceptance = _generate_all(stories, whole)
+    assert spec == plain and acceptance == 1.0
+
+
+def test_trimmed_draft_with_another_vocabulary_is_refused(trimmed, tiny_random):
+    result = run_cli("generate", "--target", tiny_random, "--draft", trimmed, "--max-tokens", "4", "Hello")
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("error:") and len(result.stderr.strip().splitlines()) == 1
+    assert "vocabulary" in result.stderr
+
+
+def test_missing_or_altered_inputs_file_is_one_clear_error(trimmed, tmp_path):
+    import shutil
+
+    from llamaspec.model import Model
+
+    copy = shutil.copy(trimmed, tmp_path / trimmed.name)
+    with pytest.raises(LlamaSpecError, match="inputs file .* is missing"):
+        Model(copy)
+    inputs = shutil.copy(trim.inputs_path(trimmed), trim.inputs_path(tmp_path / trimmed.name))
+    with open(inputs, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)[0]
+        f.seek(-1, 2)
+        f.write(bytes([last ^ 1]))
+    with pytest.raises(LlamaSpecError, match="does not match the trimmed draft"):
+        Model(copy)
+
+
+def test_interrupted_derive_leaves_no_model(stories, tmp_path, monkeypatch):
+    import llamaspec.gguf_tools as gguf_tools
+
+    def broken(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf_tools, "trim_vocab", broken)
+    destination = tmp_path / "half.gguf"
+    with pytest.raises(KeyboardInterrupt):
+        trim.derive(stories, destination, 400, texts=CORPUS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half.inputs.gguf"]  # no model, no .partial
+
+
+@pytest.mark.parametrize("vocab", ["0", "100000"])
+def test_derive_cli_refuses_bad_sizes(stories, tmp_path, vocab):
+    result = run_cli("models", "derive", stories, tmp_path / "x.gguf", "--vocab", vocab)
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("error:") and "tokens" in result.stderr
+    assert not any(tmp_path.iterdir())
