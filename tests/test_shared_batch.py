@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llamaspec.errors import ContextFullError
-from llamaspec.shared_batch import Cancelled, SequenceView, SharedBatch
+from llamaspec.server.shared_batch import Cancelled, SequenceView, SharedBatch
 
 
 class FakeModel:

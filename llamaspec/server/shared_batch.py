@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from .errors import ContextFullError, LlamaSpecError
+from ..errors import ContextFullError, LlamaSpecError
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ..model import Model
 
 
 class Cancelled(LlamaSpecError):

@@ -1,0 +1,73 @@
+"""What the server's clients send and get back on error: the request bodies (pydantic
+models of the OpenAI fields llamaspec implements) and the OpenAI-style error."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ApiError(Exception):
+    """An error answered with an OpenAI-style body: {"error": {"message", "type", ...}}."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+class GenerationBody(BaseModel):
+    """The fields /v1/completions and /v1/chat/completions share."""
+
+    model_config = ConfigDict(extra="ignore")  # OpenAI fields we do not implement are ignored
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = 1
+    speculative: dict[str, Any] | None = None
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments for openai_api: the fields the client set (the rest keep
+        llama-cpp-python's defaults)."""
+        skip = {"model", "n", "stream", "prompt", "messages", "max_completion_tokens"}
+        return {key: value for key, value in self.model_dump(exclude_unset=True).items()
+                if key not in skip and value is not None}
+
+
+class CompletionBody(GenerationBody):
+    prompt: str | list[int] | list[str]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str = ""
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_Part] | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content if part.type == "text")
+        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+
+
+class ChatBody(GenerationBody):
+    messages: list[_Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)  # the newer name of max_tokens
