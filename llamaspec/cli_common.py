@@ -48,6 +48,7 @@ class Drafter(str, Enum):
     auto = "auto"
     model = "model"
     ngram = "ngram"
+    suffix = "suffix"
     hybrid = "hybrid"
 
 
@@ -95,7 +96,8 @@ TargetOpt = typer.Option(None, "--target", help="Target GGUF path or registered 
 DraftOpt = typer.Option(None, "--draft", help="Draft GGUF path or registered model name.")
 KOpt = typer.Option("auto", "--k", help="Tokens drafted per step, or auto (cost-aware, per step).")
 DrafterOpt = typer.Option(Drafter.auto, "--drafter",
-                          help="auto (hybrid with a draft), model, ngram (prompt lookup) or hybrid.")
+                          help="auto (hybrid with a draft), model, ngram (prompt lookup), suffix (suffix trie over "
+                               "the session's contexts) or hybrid.")
 ThreadsOpt = typer.Option(2, "--threads", help="CPU threads for both models.")
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 GpuOpt = typer.Option(0, "--gpu-layers", help="Layers to offload (Metal/CUDA builds).")

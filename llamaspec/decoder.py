@@ -21,6 +21,7 @@ from .drafters import Drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.hybrid import HybridDrafter
 from .drafters.ngram import NgramDrafter
+from .drafters.suffix import SuffixDrafter
 from .errors import LlamaSpecError
 from .model import Model, ModelOptions
 from .policy import AdaptiveK, ConfidenceK, CostModel
@@ -32,17 +33,18 @@ from .verify import VerifyMode
 PathLike = str | os.PathLike[str]
 
 
-DrafterKind = Literal["auto", "model", "ngram", "hybrid"]
-DRAFTER_KINDS = ("auto", "model", "ngram", "hybrid")
+DrafterKind = Literal["auto", "model", "ngram", "suffix", "hybrid"]
+DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "hybrid")
 K_MAX = 15  # the longest draft `k="auto"` may choose (verify batches of up to 16)
-NGRAM_MS_PER_TOKEN = 0.05  # a dictionary lookup: free next to any model evaluation
+LOOKUP_MS_PER_TOKEN = 0.05  # an n-gram or suffix-trie lookup: free next to any model evaluation
 
 
 class SpeculativeDecoder:
     """A target model plus a drafter; without one it decodes plainly.
 
     `drafter="model"` drafts with the `draft` GGUF, `"ngram"` by prompt lookup (no second
-    model), `"hybrid"` with a long n-gram match when there is one and the draft model
+    model), `"suffix"` from a suffix trie over this decoder's contexts so far (no second
+    model), `"hybrid"` with a long suffix-trie match when there is one and the draft model
     otherwise; `"auto"` is hybrid with a draft and plain decoding without one. `k="auto"`
     measures this machine's costs once (cached) and picks the draft length each step to
     maximise expected tokens per second, down to plain steps.
@@ -116,15 +118,21 @@ class SpeculativeDecoder:
             return None
 
         auto = bool(self.verify_ms)
-        # n-gram drafts carry no confidence: k is chosen up front from acceptance so far.
-        ngram_policy = AdaptiveK(CostModel(self.verify_ms, NGRAM_MS_PER_TOKEN), self.k) if auto else None
-        ngram = NgramDrafter(min_ngram=3 if kind == "hybrid" else 2, policy=ngram_policy)
+        # Lookup drafts carry no calibrated confidence (one earlier occurrence reads as
+        # certain): k's ceiling is chosen up front from the acceptance so far, and the suffix
+        # drafter's own rule (match length, frequencies) drafts up to it.
+        lookup_policy = AdaptiveK(CostModel(self.verify_ms, LOOKUP_MS_PER_TOKEN), self.k) if auto else None
         if kind == "ngram":
-            return ngram
+            return NgramDrafter(policy=lookup_policy)
+        if kind == "suffix":
+            return SuffixDrafter(policy=lookup_policy)
         assert self.draft_model is not None
         model_policy = ConfidenceK(CostModel(self.verify_ms, self.draft_ms), self.k) if auto else None
         model_drafter = DraftModelDrafter(self.draft_model, self.min_draft_prob, model_policy)
-        return model_drafter if kind == "model" else HybridDrafter(ngram, model_drafter)
+        if kind == "model":
+            return model_drafter
+        # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
+        return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
 
     def with_models(self, target: Model, draft_model: Model | None) -> SpeculativeDecoder:
         """This decoder's settings and measured costs on other Model objects, with fresh

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from conftest import STORY_PROMPTS
 from test_policy import FixedDrafter
 
 from llamaspec.drafters.hybrid import HybridDrafter
@@ -197,3 +198,40 @@ def test_hybrid_drafts_from_the_suffix_trie_on_a_long_match():
     hybrid.observe(2, 0)
     assert model.observed == [(2, 0)]
 
+
+# --- the real loop ----------------------------------------------------------------------
+
+def test_suffix_drafter_on_the_tiny_model_is_identical_to_plain(stories):
+    from llamaspec.decoder import SpeculativeDecoder
+    from llamaspec.model import ModelOptions
+
+    with SpeculativeDecoder(stories, k=4, drafter="suffix", options=ModelOptions(n_ctx=512, n_threads=2)) as decoder:
+        assert isinstance(decoder.drafter, SuffixDrafter)
+        n_drafted = n_accepted = 0
+        for text in STORY_PROMPTS[:4]:
+            tokens = decoder.prompt_tokens(text)
+            decoder.reset()
+            plain = list(decoder.generate(tokens, max_tokens=96, speculative=False))
+            decoder.reset()
+            spec = list(decoder.generate(tokens, max_tokens=96))
+            assert spec == plain, text
+            n_drafted += decoder.stats.n_drafted
+            n_accepted += decoder.stats.n_accepted
+        assert n_accepted > 0 and n_drafted > 0
+        # The same prompt again: the first answer is in the session's history.
+        decoder.reset()
+        again = list(decoder.generate(decoder.prompt_tokens(STORY_PROMPTS[0]), max_tokens=96))
+        assert decoder.stats.acceptance_rate > 0.9 and decoder.stats.n_accepted > 0.6 * len(again)
+
+
+def test_decoder_wiring(stories, truncated_draft):
+    from llamaspec.decoder import SpeculativeDecoder
+    from llamaspec.model import ModelOptions
+    from llamaspec.policy import AdaptiveK
+
+    options = ModelOptions(n_ctx=256, n_threads=2)
+    with SpeculativeDecoder(stories, drafter="suffix", options=options) as decoder:  # k="auto"
+        assert isinstance(decoder.drafter, SuffixDrafter) and isinstance(decoder.drafter.policy, AdaptiveK)
+    with SpeculativeDecoder(stories, truncated_draft, k=3, options=options) as decoder:  # auto: hybrid
+        assert isinstance(decoder.drafter, HybridDrafter)
+        assert isinstance(decoder.drafter.lookup, SuffixDrafter) and decoder.drafter.lookup.min_match == 3
