@@ -234,8 +234,8 @@ def models_list() -> None:
         fetched = registry.is_fetched(name)
         size = path.stat().st_size if fetched else getattr(model, "size", 0)
         size_text = f"{size / 1e6:8.1f} MB" if size else f"{'derived':>11}"
-        typer.echo(f"{name:24} {size_text}  {'fetched' if fetched else 'not fetched':11}  {path}")
-        typer.echo(f"{'':24} {model.description} ({model.licence})")
+        typer.echo(f"{name:30} {size_text}  {'fetched' if fetched else 'not fetched':11}  {path}")
+        typer.echo(f"{'':30} {model.description} ({model.licence})")
 
 
 @models_app.command("fetch")

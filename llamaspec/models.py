@@ -113,6 +113,46 @@ REGISTRY: dict[str, ModelSpec | DerivedSpec] = {
             "q4_0",
         ),
         DerivedSpec(
+            "qwen2.5-coder-0.5b-q4_0-h4",
+            "qwen2.5-coder-0.5b-instruct-q4_0-h4.gguf",
+            "draft profile: Q4_0 body and Q4_0 head (the default's head is Q8_0)",
+            "Apache-2.0",
+            "qwen2.5-coder-0.5b",
+            "q4_0",
+            head="q4_0",
+        ),
+        DerivedSpec(
+            "qwen2.5-coder-0.5b-iq4_nl",
+            "qwen2.5-coder-0.5b-instruct-iq4_nl.gguf",
+            "draft profile: IQ4_NL body, Q8_0 head",
+            "Apache-2.0",
+            "qwen2.5-coder-0.5b",
+            "iq4_nl",
+            head="q8_0",
+        ),
+        *(
+            DerivedSpec(
+                f"qwen2.5-coder-0.5b-q4_0-v{n // 1024}k",
+                f"qwen2.5-coder-0.5b-instruct-q4_0-v{n // 1024}k.gguf",
+                f"the Q4_0 draft with its head trimmed to the {n} most frequent tokens (+ .inputs.gguf)",
+                "Apache-2.0",
+                "qwen2.5-coder-0.5b-q4_0",
+                vocab=n,
+            )
+            for n in (16384, 32768, 65536)
+        ),
+        *(
+            DerivedSpec(
+                f"qwen2.5-coder-1.5b-{quant}",
+                f"qwen2.5-coder-1.5b-instruct-{quant}.gguf",
+                f"target profile: the 1.5B requantized to {quant.upper()}",
+                "Apache-2.0",
+                "qwen2.5-coder-1.5b",
+                quant,
+            )
+            for quant in ("q4_0", "q8_0")
+        ),
+        DerivedSpec(
             "qwen2.5-coder-1.5b-f16",
             "qwen2.5-coder-1.5b-instruct-f16.gguf",
             "the 1.5B target requantized to F16: a bandwidth-bound 'big target' profile (3.4 GB)",
@@ -148,7 +188,9 @@ def model_path(name: str) -> Path:
 def is_fetched(name: str) -> bool:
     path, model = model_path(name), spec(name)
     if isinstance(model, DerivedSpec):
-        return path.is_file()
+        from .trim import inputs_path
+
+        return path.is_file() and (not model.vocab or inputs_path(path).is_file())
     return path.is_file() and path.stat().st_size == model.size
 
 

@@ -9,8 +9,11 @@ With the measured verify cost per batch size and the draft's cost per token, eac
 is replayed without running the models again, including "perfect foresight" (k chosen
 knowing how many tokens will be accepted): the ceiling for this drafter on this machine.
 
-    .venv/bin/python scripts/policy_bounds.py [--target NAME|PATH] [--draft NAME|PATH]
-        [--max-tokens 128] [--draft-ms MS]
+    .venv/bin/python scripts/policy_bounds.py [--target NAME|PATH] [--draft NAME|PATH ...]
+        [--max-tokens 128] [--draft-ms MS] [--json FILE]
+
+Several --draft values are replayed on the same recorded target text (draft profiles side by
+side: their cost per token, how often their first guess is right, and the ceilings).
 
 --draft-ms overrides the calibrated draft cost (in the loop a draft token costs more than
 the calibration's single decode: catching up after a fully accepted step is a batch of 2).
@@ -19,6 +22,7 @@ the calibration's single decode: catching up after a fully accepted step is a ba
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -50,23 +54,34 @@ class Text:
         return common_prefix_len(self.guess[at : at + n].tolist(), self.output[at : at + n])
 
 
-def record(target: Path, draft: Path, max_tokens: int) -> tuple[list[Text], CostModel, float]:
-    options = ModelOptions(n_ctx=2048)
-    texts = []
-    with SpeculativeDecoder(target, None, options=options) as plain, Model(draft, options) as drafter:
+OPTIONS = ModelOptions(n_ctx=2048)
+
+
+def record(target: Path, max_tokens: int) -> tuple[list[tuple[str, list[int], list[int]]], dict[int, float]]:
+    """(category, prompt, plain output) per shipped prompt, and the target's verify costs."""
+    recorded = []
+    with SpeculativeDecoder(target, None, options=OPTIONS) as plain:
         verify_ms = eval_costs(plain.target, list(range(1, K_MAX + 2)))
-        draft_ms = eval_costs(drafter, [1])[1]
         for item in load_prompts():
             prompt = plain.prompt_tokens(item["prompt"], chat=True)
             plain.reset()
-            output = list(plain.generate(prompt, max_tokens=max_tokens))
+            recorded.append((item["category"], prompt, list(plain.generate(prompt, max_tokens=max_tokens))))
+            print(f"  recorded {item['id']}: {len(recorded[-1][2])} tokens", file=sys.stderr, flush=True)
+    return recorded, verify_ms
+
+
+def guesses(draft: Path, recorded: list[tuple[str, list[int], list[int]]]) -> tuple[list[Text], float]:
+    """The draft's greedy guess and its probability before every recorded token (one batched
+    pass per prompt), and its calibrated cost per token."""
+    texts = []
+    with Model(draft, OPTIONS) as drafter:
+        draft_ms = eval_costs(drafter, [1])[1]
+        for category, prompt, output in recorded:
             drafter.reset()
             rows = np.asarray(drafter.eval(prompt + output, all_logits=True), dtype=np.float64)[len(prompt) - 1:]
             top = rows.max(axis=1, keepdims=True)
-            texts.append(Text(item["category"], prompt, output, rows.argmax(axis=1),
-                              1.0 / np.exp(rows - top).sum(axis=1)))
-            print(f"  recorded {item['id']}: {len(output)} tokens", file=sys.stderr, flush=True)
-    return texts, CostModel(verify_ms, draft_ms), draft_ms
+            texts.append(Text(category, prompt, output, rows.argmax(axis=1), 1.0 / np.exp(rows - top).sum(axis=1)))
+    return texts, draft_ms
 
 
 Step = Callable[[Text, int], tuple[int, float]]  # (tokens emitted, ms) for a step at position
@@ -129,15 +144,25 @@ def ngram_foresight(costs: CostModel) -> Step:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-q4_0")
+    parser.add_argument("--draft", action="append", help="repeatable (default: qwen2.5-coder-0.5b-q4_0)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-ms", type=float, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write every draft's figures here")
     args = parser.parse_args()
-    texts, costs, draft_ms = record(resolve_model(args.target), resolve_model(args.draft), args.max_tokens)
-    if args.draft_ms is not None:
-        costs = CostModel(costs.verify_ms, args.draft_ms)
-    print(f"verify ms by batch: {dict(costs.verify_ms)}; draft ms/token: {costs.draft_ms_per_token:g} "
-          f"(calibrated {draft_ms:g})")
+    recorded, verify_ms = record(resolve_model(args.target), args.max_tokens)
+    print(f"verify ms by batch: {verify_ms}")
+    report = {"verify_ms": verify_ms, "drafts": {}}
+    for draft in args.draft or ["qwen2.5-coder-0.5b-q4_0"]:
+        texts, draft_ms = guesses(resolve_model(draft), recorded)
+        report["drafts"][draft] = replay_all(texts, CostModel(verify_ms, args.draft_ms or draft_ms), draft, draft_ms)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) -> dict:
+    """Print and return one draft's cost, acceptance by position and replayed policies."""
+    print(f"\n{name}: draft ms/token {costs.draft_ms_per_token:g} (calibrated {draft_ms:g}, "
+          f"{draft_ms / costs.verify(1):.3f}x a target decode)")
     rows = [("fixed k=3", lambda: fixed(costs, 3)), ("fixed k=4", lambda: fixed(costs, 4)),
             ("AdaptiveK (k up front)", lambda: with_policy(costs, AdaptiveK(costs, K_MAX))),
             ("ConfidenceK (default)", lambda: with_policy(costs, ConfidenceK(costs, K_MAX))),
@@ -148,9 +173,13 @@ def main() -> None:
     by_position = [sum(r >= i for r in runs) / max(sum(r >= i - 1 for r in runs), 1) for i in range(1, 9)]
     print("draft acceptance by position (P(i accepted | 1..i-1 accepted)), i = 1..8: "
           + " ".join(f"{a:.2f}" for a in by_position))
-    for name, make in rows:
-        result = replay(texts, costs, make)
-        print(f"{name:26} " + "  ".join(f"{c} {v:.2f}x" for c, v in result.items()))
+    result = {"draft_ms": draft_ms, "draft_over_decode": round(draft_ms / costs.verify(1), 3),
+              "acceptance_by_position": [round(a, 4) for a in by_position], "policies": {}}
+    for policy, make in rows:
+        speedups = replay(texts, costs, make)
+        result["policies"][policy] = {c: round(v, 3) for c, v in speedups.items()}
+        print(f"{policy:26} " + "  ".join(f"{c} {v:.2f}x" for c, v in speedups.items()))
+    return result
 
 
 if __name__ == "__main__":
