@@ -27,6 +27,7 @@ from openai import OpenAI
 from conftest import STORY_PROMPTS, run_cli
 from llamaspec import ModelOptions, SpeculativeDecoder
 from llamaspec.server import Engine, ServerConfig, create_app
+from llamaspec.server.supervisor import _listen
 
 TIE = 0.01  # a top-2 logit gap this small is a floating-point tie between batch shapes
 MAX_TOKENS = 48
@@ -261,11 +262,7 @@ def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draf
 
     decoder.target.decode_many = long_round  # type: ignore[method-assign]
     server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig("stories260K")), log_level="warning"))
-    # IPPROTO_TCP, so asyncio sets TCP_NODELAY on each connection: keep-alive scrapes are then
-    # not held ~40 ms by Nagle and delayed ACKs, which would blur what this test measures.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
+    sock = _listen("127.0.0.1", 0)  # the server's own listener (TCP_NODELAY on its connections)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     answer: dict[str, httpx.Response] = {}
@@ -310,3 +307,22 @@ def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draf
         sock.close()
     assert answer["response"].status_code == 200, answer["response"].text
     assert answer["response"].json()["usage"]["completion_tokens"] == 8
+
+
+def test_listener_declares_tcp_so_connections_get_nodelay() -> None:
+    """asyncio turns Nagle off on accepted connections (base_events._set_nodelay) only when
+    the listener was created as IPPROTO_TCP; with protocol 0, every keep-alive response after
+    the first (SSE chunks, scrapes) waits ~40 ms for a delayed ACK. The protocol-0 socket is
+    the control: the same call leaves Nagle on there."""
+    import asyncio.base_events
+
+    def nodelay_after_accept(listener: socket.socket) -> int:
+        with listener, socket.create_connection(listener.getsockname()), listener.accept()[0] as accepted:
+            asyncio.base_events._set_nodelay(accepted)
+            return accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    plain.bind(("127.0.0.1", 0))
+    plain.listen()
+    assert nodelay_after_accept(plain) == 0
+    assert nodelay_after_accept(_listen("127.0.0.1", 0)) != 0
