@@ -281,7 +281,7 @@ def chat_command(
     k_value = parse_k(k)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     options = model_options(ctx, threads, gpu_layers, flash_attn, target_rpc=target_rpc)
-    target_path, draft_path = resolve_pair(target, draft)
+    target_path, draft_path = resolve_pair(target, draft, drafter)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:
         if decoder.strict_note:

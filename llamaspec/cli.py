@@ -61,7 +61,7 @@ def generate(
         raise LlamaSpecError(f"--max-tokens must be >= 0, got {max_tokens}")
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
-    target_path, draft_path = resolve_pair(target, draft)
+    target_path, draft_path = resolve_pair(target, draft, drafter)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:
         if decoder.strict_note:
@@ -115,10 +115,7 @@ def bench(
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     selected = load_prompts(prompts, category, limit)
     options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
-    if drafter == Drafter.ngram:
-        target_path, draft_path = resolve_model(target or registry.DEFAULT_TARGET), None
-    else:
-        target_path, draft_path = resolve_pair(target, draft)
+    target_path, draft_path = resolve_pair(target, draft, drafter)
     config = BenchConfig(target_path, draft_path, drafter.value, k_value, max_tokens, options, reference,
                          min_draft_prob, strict)
 
@@ -212,7 +209,7 @@ def serve(
     if max_body < 1:
         raise LlamaSpecError(f"--max-body must be at least 1 byte, got {max_body}")
     options = model_options(ctx, threads, gpu_layers, flash_attn, n_seq=parallel, target_rpc=target_rpc)
-    target_path, draft_path = resolve_pair(target, draft)
+    target_path, draft_path = resolve_pair(target, draft, drafter)
 
     def load() -> SpeculativeDecoder:  # again after a lost RPC server: the server reloads in place
         decoder = SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,

@@ -83,11 +83,14 @@ def resolve_model(value: str) -> Path:
     return Path(value).expanduser()
 
 
-def resolve_pair(target: Optional[str], draft: Optional[str]) -> tuple[Path, Optional[Path]]:
-    """No --target and no --draft: the default Qwen pair. --target alone: plain decoding."""
+def resolve_pair(target: Optional[str], draft: Optional[str],
+                 drafter: Drafter = Drafter.auto) -> tuple[Path, Optional[Path]]:
+    """No --target and no --draft: the default Qwen pair (no draft for a drafter that needs
+    none). --target alone: plain decoding."""
     if target is None:
         target = registry.DEFAULT_TARGET
-        draft = draft or registry.DEFAULT_DRAFT
+        if drafter not in (Drafter.ngram, Drafter.suffix):
+            draft = draft or registry.DEFAULT_DRAFT
     return resolve_model(target), resolve_model(draft) if draft else None
 
 

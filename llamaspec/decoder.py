@@ -147,10 +147,12 @@ class SpeculativeDecoder:
     def reset(self) -> None:
         """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.
         (Reusing a cached prefix changes which batches the prompt is evaluated in, and with
-        it the floating-point result; comparisons between runs reset first.)"""
+        it the floating-point result; comparisons between runs reset first.) The drafter starts
+        afresh too: no session history (suffix drafter) or learned acceptance carries over."""
         self.target.reset()
         if self.draft_model is not None:
             self.draft_model.reset()
+        self.drafter = self._make_drafter()  # the old one's only resource is the draft model, kept
 
     def close(self) -> None:
         if self.draft_model is not None:
