@@ -107,7 +107,7 @@ REGISTRY: dict[str, ModelSpec | DerivedSpec] = {
         DerivedSpec(
             "qwen2.5-coder-0.5b-q4_0",
             "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
-            "the 0.5B draft requantized to Q4_0: ~25% cheaper per token on CPU, the default draft",
+            "the 0.5B draft requantized to Q4_0 (Q8_0 head): ~25% cheaper per token on CPU than the original",
             "Apache-2.0",
             "qwen2.5-coder-0.5b",
             "q4_0",
@@ -141,6 +141,15 @@ REGISTRY: dict[str, ModelSpec | DerivedSpec] = {
             )
             for n in (16384, 32768, 65536)
         ),
+        DerivedSpec(
+            "qwen2.5-coder-0.5b-q4_0-h4-v32k",
+            "qwen2.5-coder-0.5b-instruct-q4_0-h4-v32k.gguf",
+            "the default draft: Q4_0 body and head, head trimmed to the 32768 most frequent tokens "
+            "(+ .inputs.gguf): 0.27x a target decode instead of 0.39x, acceptance 2 points lower",
+            "Apache-2.0",
+            "qwen2.5-coder-0.5b-q4_0-h4",
+            vocab=32768,
+        ),
         *(
             DerivedSpec(
                 f"qwen2.5-coder-1.5b-{quant}",
@@ -163,7 +172,7 @@ REGISTRY: dict[str, ModelSpec | DerivedSpec] = {
     )
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-q4_0"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-q4_0-h4-v32k"
 
 Progress = Callable[[int, int, str], None]  # (bytes done, bytes total, what)
 

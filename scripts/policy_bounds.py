@@ -39,6 +39,7 @@ from llamaspec.drafters import common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
 from llamaspec.model import Model, ModelOptions  # noqa: E402
 from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy  # noqa: E402
+from llamaspec.models import DEFAULT_DRAFT  # noqa: E402
 from llamaspec.prompts import load_prompts  # noqa: E402
 
 
@@ -144,7 +145,7 @@ def ngram_foresight(costs: CostModel) -> Step:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft", action="append", help="repeatable (default: qwen2.5-coder-0.5b-q4_0)")
+    parser.add_argument("--draft", action="append", help="repeatable (default: the default draft)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-ms", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write every draft's figures here")
@@ -152,7 +153,7 @@ def main() -> None:
     recorded, verify_ms = record(resolve_model(args.target), args.max_tokens)
     print(f"verify ms by batch: {verify_ms}")
     report = {"verify_ms": verify_ms, "drafts": {}}
-    for draft in args.draft or ["qwen2.5-coder-0.5b-q4_0"]:
+    for draft in args.draft or [DEFAULT_DRAFT]:
         texts, draft_ms = guesses(resolve_model(draft), recorded)
         report["drafts"][draft] = replay_all(texts, CostModel(verify_ms, args.draft_ms or draft_ms), draft, draft_ms)
     if args.json:

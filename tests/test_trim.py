@@ -132,3 +132,19 @@ def test_derive_cli_refuses_bad_sizes(stories, tmp_path, vocab):
     assert result.returncode != 0
     assert result.stderr.strip().startswith("error:") and "tokens" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_trimmed_draft_in_a_shared_batch_matches_separate_evals(trimmed):
+    """The server decodes several slots' draft tokens in one batch: the embeddings of each
+    part must land in its own rows."""
+    from llamaspec.model import Model, ModelOptions
+
+    with Model(trimmed, ModelOptions(n_ctx=128)) as alone, Model(trimmed, ModelOptions(n_ctx=128, n_seq=2)) as shared:
+        first, second = alone.tokenize(STORY_PROMPTS[1]), alone.tokenize(STORY_PROMPTS[2])
+        want = [alone.eval(first, all_logits=True).copy()]
+        alone.reset()
+        want.append(alone.eval(second)[-1:].copy())
+        got = shared.decode_many([(0, first, True), (1, second, False)])
+        kept = alone.trimmed.ids
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g[:, kept], w[:, kept], rtol=1e-4, atol=1e-4)
