@@ -17,8 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .calibrate import settings_key
 from .drafters import Draft
-from .model import Model, system_info
+from .model import Model
 from .models import remembered, sha256_cached
 from .sampling import Sampler
 from .speculative import StepTrace, generate_tokens
@@ -165,9 +166,7 @@ def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max
 
 
 def strict_cache_key(model: Model, batch_max: int) -> str:
-    options = model.options
-    return (f"{sha256_cached(model.path)}|{system_info()}|threads={options.n_threads}|fa={options.flash_attn}"
-            f"|repack={options.repack}|gpu={options.n_gpu_layers}|batch_max={batch_max}")
+    return f"{sha256_cached(model.path)}|{settings_key(model)}|batch_max={batch_max}"
 
 
 def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, batch_max: int = 16) -> int:

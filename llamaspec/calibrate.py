@@ -17,14 +17,18 @@ _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a
 N_CONTEXT = 64  # measure at a realistic cache depth, not at position 0
 
 
+def settings_key(model: Model) -> str:
+    """Everything besides the model file that decides which kernels run and how they round:
+    the one place cached measurements (cost curves, strict-mode audits) are keyed by. The build
+    is part of it: a patched or differently compiled llama.cpp has other costs and results."""
+    options = model.options
+    return (f"{system_info()}|threads={options.n_threads}|fa={options.flash_attn}|repack={options.repack}"
+            f"|n_batch={options.n_batch}|gpu={options.n_gpu_layers}|rpc={','.join(options.rpc_servers)}")
+
+
 def _key(model: Model, sizes: list[int]) -> str:
     stat = model.path.stat()
-    options = model.options
-    # The build is part of the key: a patched or differently compiled llama.cpp has other costs.
-    return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{system_info()}|threads={options.n_threads}"
-            f"|fa={options.flash_attn}|repack={options.repack}|n_batch={options.n_batch}|gpu={options.n_gpu_layers}"
-            f"|rpc={','.join(options.rpc_servers)}"
-            f"|sizes={','.join(map(str, sizes))}")
+    return f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{settings_key(model)}|sizes={','.join(map(str, sizes))}"
 
 
 def filler_tokens(model: Model) -> list[int]:

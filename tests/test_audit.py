@@ -90,4 +90,7 @@ def test_cache_keys_tell_kernel_settings_apart(stories):
     assert base == _key(model(), [1, 2])
     assert len({base, _key(model(repack=False), [1, 2]), _key(model(n_batch=64), [1, 2])}) == 3
     assert strict_cache_key(model(), 9) != strict_cache_key(model(), 16)
-    assert strict_cache_key(model(), 16) != strict_cache_key(model(repack=False), 16)
+    strict = {strict_cache_key(model(**o), 16) for o in ({}, {"repack": False}, {"n_batch": 64},
+                                                          {"rpc_servers": "127.0.0.1:50052"})}
+    assert len(strict) == 4  # RPC servers compute the offloaded layers with their own kernels
+    assert _key(model(rpc_servers="127.0.0.1:50052"), [1, 2]) != base
