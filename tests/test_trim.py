@@ -148,3 +148,19 @@ def test_trimmed_draft_in_a_shared_batch_matches_separate_evals(trimmed):
         kept = alone.trimmed.ids
         for w, g in zip(want, got):
             np.testing.assert_allclose(g[:, kept], w[:, kept], rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_head_type_sets_the_output_and_embedding_tables(stories, tmp_path):
+    """Draft profiles: the head's type is chosen apart from the body's."""
+    import gguf
+
+    from llamaspec.model import quantize
+
+    types = {}
+    for head in ("q8_0", "q4_0"):
+        path = quantize(stories, tmp_path / f"{head}.gguf", "q4_0", head=head)
+        types[head] = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert types["q8_0"]["output.weight"] == "Q8_0" and types["q4_0"]["output.weight"] == "Q4_0"
+    assert types["q4_0"]["token_embd.weight"] == "Q4_0"
+    with pytest.raises(LlamaSpecError, match="unknown head type"):
+        quantize(stories, tmp_path / "x.gguf", "q4_0", head="q3_x")
