@@ -23,6 +23,7 @@ from .drafters.hybrid import HybridDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .errors import LlamaSpecError
+from .kv import KVModel
 from .model import Model, ModelOptions
 from .policy import AdaptiveK, ConfidenceK, CostModel
 from .sampling import Sampler, SamplingParams
@@ -134,7 +135,7 @@ class SpeculativeDecoder:
         # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
         return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
 
-    def with_models(self, target: Model, draft_model: Model | None) -> SpeculativeDecoder:
+    def with_models(self, target: KVModel, draft_model: KVModel | None) -> SpeculativeDecoder:
         """This decoder's settings and measured costs on other Model objects, with fresh
         drafter state: one decoder per server slot, on that slot's sequence views."""
         other = copy.copy(self)

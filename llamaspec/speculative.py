@@ -21,7 +21,7 @@ from .sampling import Sampler
 from .verify import VerifyMode, verify_greedy, verify_match, verify_rejection
 
 if TYPE_CHECKING:
-    from .model import Model
+    from .kv import KVModel
 
 
 @dataclass
@@ -139,7 +139,7 @@ class StepTrace:
 Trace = Callable[[StepTrace], None]
 
 
-def prefill(target: Model, context: Sequence[int]) -> tuple[int, np.ndarray]:
+def prefill(target: KVModel, context: Sequence[int]) -> tuple[int, np.ndarray]:
     """Evaluate the prompt as llama.cpp does (one batch, logits for the last token), reusing
     any prefix already cached (a chat's earlier turns). Returns how many tokens were
     decoded and a copy of the last row: the first step's prediction for the next token."""
@@ -178,7 +178,7 @@ def _target_choice(
 
 
 def generate_tokens(
-    target: Model,
+    target: KVModel,
     prompt: Sequence[int],
     *,
     drafter: Drafter | None = None,

@@ -6,21 +6,22 @@ from typing import Sequence
 
 import numpy as np
 
-from ..model import Model
+from ..kv import KVModel
 from ..policy import DraftPolicy
 from ..sampling import Sampler
 from . import Draft, common_prefix_len
 
 
 class DraftModelDrafter:
-    """Drafts with its own Model; its KV cache follows the context by common prefix.
+    """Drafts with its own model (a Model, or a slot's view of a shared one); its KV cache
+    follows the context by common prefix.
 
     Syncing by prefix covers every case without bookkeeping: after a rejection the cache
     holds drafted tokens the target refused (cut back), and when all k were accepted the
     last draft token was never evaluated by the draft (it is decoded with the bonus token).
     """
 
-    def __init__(self, model: Model, min_top_prob: float = 0.0, policy: DraftPolicy | None = None):
+    def __init__(self, model: KVModel, min_top_prob: float = 0.0, policy: DraftPolicy | None = None):
         self.model = model
         self.min_top_prob = min_top_prob  # stop drafting when the draft itself is unsure
         self.policy = policy

@@ -17,14 +17,16 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ContextFullError, LlamaSpecError
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from pathlib import Path
+
+    from ..model import Model, ModelOptions
 
 
 class Cancelled(LlamaSpecError):
@@ -110,8 +112,9 @@ class SharedBatch:
 class SequenceView:
     """What the loop and the drafters use of a `Model`, bound to one sequence.
 
-    Model facts (vocabulary, tokenizer, path, options) come from the shared model;
-    the cache operations go through the shared batch. `n_ctx` is this slot's share.
+    Model facts (vocabulary, tokenizer, path, options) come from the shared model, named
+    one by one (what a slot may use of it is this list, not all of Model); the cache
+    operations go through the shared batch. `n_ctx` is this slot's share.
     """
 
     needs_state_rollback = False
@@ -124,8 +127,41 @@ class SequenceView:
         self.cancelled = threading.Event()
         self._kv_tokens = model.kv_tokens(seq)  # written under batch.lock, read without it
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
+    # Model facts, read from the shared model: vocabulary and tokenizer are the same for every slot.
+    @property
+    def path(self) -> Path:
+        return self.model.path
+
+    @property
+    def options(self) -> ModelOptions:
+        return self.model.options
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def bos(self) -> int:
+        return self.model.bos
+
+    @property
+    def eos(self) -> int:
+        return self.model.eos
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.model.tokenize(text, add_special, parse_special)
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return self.model.token_bytes(token, special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return self.model.detokenize(tokens, special)
+
+    def chat_template(self) -> str | None:
+        return self.model.chat_template()
 
     @property
     def tokens(self) -> list[int]:
