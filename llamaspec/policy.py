@@ -102,12 +102,14 @@ class AdaptiveK:
         return self.expected_tokens(k) / self.costs.step_ms(k)
 
     def choose(self, max_k: int | None = None) -> int:
+        """The k with the best expected rate under the current estimates (no side effects)."""
         limit = self.k_max if max_k is None else min(max_k, self.k_max)
-        self._accepted = [a * self.decay for a in self._accepted]
-        self._seen = [s * self.decay for s in self._seen]
         return max(range(limit + 1), key=self.expected_rate)
 
     def begin(self, max_k: int) -> int:
+        """One step: the evidence fades (drafting or not), then k is chosen."""
+        self._accepted = [a * self.decay for a in self._accepted]
+        self._seen = [s * self.decay for s in self._seen]
         return self.choose(max_k)
 
     def more(self, top_prob: float) -> bool:

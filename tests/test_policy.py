@@ -60,8 +60,8 @@ def test_expected_rate_picks_the_argmax():
 
 def test_after_plain_steps_evidence_ages_and_speculation_resumes():
     policy = trained(FLAT, 0.2)
-    assert policy.choose() == 0
-    choices = [policy.choose() for _ in range(200)]
+    assert policy.choose() == 0 and policy.choose() == 0  # choosing alone changes nothing
+    choices = [policy.begin(8) for _ in range(200)]  # steps: the evidence fades
     first = next(i for i, k in enumerate(choices) if k)
     assert 10 < first < 200  # not at once, but it does try again
     for _ in range(5):
