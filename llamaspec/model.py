@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
@@ -83,6 +83,8 @@ class ModelOptions:
     repack: bool = True  # llama.cpp's repacked CPU weight layouts (faster batches, other kernels)
     n_seq: int = 1  # sequences in the context, each with up to n_ctx tokens (server slots)
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers that hold the layers
+    # Seconds an RPC call may wait for a server before failing (a vanished host, a hung server).
+    rpc_timeout: float = field(default_factory=lambda: float(os.environ.get("LLAMASPEC_RPC_TIMEOUT") or 120))
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -101,6 +103,8 @@ class ModelOptions:
             host, _, port = str(server).rpartition(":")
             if not host or ":" in host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise LlamaSpecError(f"an RPC server is HOST:PORT (IPv4 address or host name), got {server!r}")
+        if not self.rpc_timeout > 0:
+            raise LlamaSpecError(f"the RPC timeout must be positive, got {self.rpc_timeout}")
         if len(set(servers)) != len(servers):
             raise LlamaSpecError(f"RPC servers listed twice: {','.join(servers)}")
 
@@ -120,7 +124,7 @@ class Model:
         model_params = _ll.llama_model_default_params()
         model_params.n_gpu_layers = options.n_gpu_layers
         model_params.use_extra_bufts = options.repack
-        _place_on_rpc_servers(model_params, options.rpc_servers)
+        _place_on_rpc_servers(model_params, options.rpc_servers, options.rpc_timeout)
         self._model = _ll.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {self._last_error()}")
@@ -602,7 +606,7 @@ def set_rpc_failure_handler(handler: Callable[[str], None] | None) -> None:
     _rpc_keep["on_failure"] = handler
 
 
-def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequence[str]) -> None:
+def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequence[str], timeout: float) -> None:
     """Put a model's layers on llama.cpp `rpc-server` processes (ggml's RPC backend).
 
     Only this model's params name the RPC devices, so other models (the draft) stay local.
@@ -612,9 +616,10 @@ def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequenc
     each server is checked here first, with a 5 s timeout and an RPC HELLO (refused, silent,
     busy with another client or another protocol version: LlamaSpecError, process intact);
     after loading, the model's RPC sockets get TCP_USER_TIMEOUT and a receive timeout
-    (LLAMASPEC_RPC_TIMEOUT seconds, default 120), so a vanished host or a hung server fails
-    instead of hanging; and a ggml abort callback turns llama.cpp's abort on a lost server
-    into one line on stderr and exit status 1 (or `set_rpc_failure_handler`'s handler).
+    (`ModelOptions.rpc_timeout`, by default $LLAMASPEC_RPC_TIMEOUT or 120 s), so a vanished
+    host or a hung server fails instead of hanging; and a ggml abort callback turns
+    llama.cpp's abort on a lost server into one line on stderr and exit status 1 (or
+    `set_rpc_failure_handler`'s handler).
     Nothing can keep the process alive after that: llama.cpp has no way back from a
     failed RPC call.
     """
@@ -626,7 +631,6 @@ def _place_on_rpc_servers(model_params: _ll.llama_model_params, servers: Sequenc
     if not _ll.llama_supports_rpc():
         raise LlamaSpecError("this llama-cpp-python was built without RPC support; run scripts/build_rpc.sh "
                              "(it rebuilds it with -DGGML_RPC=ON and builds rpc-server)")
-    timeout = float(os.environ.get("LLAMASPEC_RPC_TIMEOUT") or 120)
     known: dict[str, tuple[str, int]] = _rpc_keep["servers"]  # type: ignore[assignment]
 
     def address(server: str) -> tuple[str, int]:  # IPv4 only, like llama.cpp (gethostbyname)

@@ -163,3 +163,14 @@ def test_kv_reuse_evaluates_only_new_tokens(stories):
         list(generate_tokens(target, follow, max_tokens=5, stats=stats))
         # Everything but the new text and the last generated token was already cached.
         assert stats.n_prompt_evaluated <= len(follow) - len(first) - len(out) + 1
+
+
+def test_rpc_timeout_option_defaults_to_the_environment(monkeypatch):
+    from llamaspec.errors import LlamaSpecError
+
+    monkeypatch.setenv("LLAMASPEC_RPC_TIMEOUT", "7.5")
+    assert ModelOptions().rpc_timeout == 7.5
+    monkeypatch.delenv("LLAMASPEC_RPC_TIMEOUT")
+    assert ModelOptions().rpc_timeout == 120 and ModelOptions(rpc_timeout=3).rpc_timeout == 3
+    with pytest.raises(LlamaSpecError, match="RPC timeout must be positive"):
+        ModelOptions(rpc_timeout=0)
