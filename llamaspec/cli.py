@@ -254,7 +254,7 @@ def models_derive(
 ) -> None:
     """A draft with a vocabulary-trimmed output head: cheaper per token, same output (the
     target verifies over its full vocabulary). Tokens are ranked on Python's standard library."""
-    from .trim import derive
+    from .derive import derive
 
     if output.suffix != ".gguf":
         raise fail(f"the output must be a .gguf file, got {output}")

@@ -231,7 +231,7 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
             if progress:
                 progress(0, 1, f"requantizing {model.base} to {model.quant}")
             return quantize(base, path, model.quant, head=model.head)
-        from .trim import derive
+        from .derive import derive
 
         if progress:
             progress(0, 1, f"trimming {model.base} to its {model.vocab} most frequent tokens")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import STORY_PROMPTS, run_cli
 
-from llamaspec import trim
+from llamaspec import derive, trim
 from llamaspec.errors import LlamaSpecError
 
 CORPUS = [" ".join(STORY_PROMPTS) * 3, "Once upon a time there was a little girl named Lily."]
@@ -38,7 +38,7 @@ def test_expand_scatters_and_cuts():
 
 @pytest.fixture(scope="module")
 def trimmed(stories, tmp_path_factory):
-    return trim.derive(stories, tmp_path_factory.mktemp("trim") / "stories-v400.gguf", 400, texts=CORPUS)
+    return derive.derive(stories, tmp_path_factory.mktemp("trim") / "stories-v400.gguf", 400, texts=CORPUS)
 
 
 def test_derived_draft_speaks_target_ids_with_full_width_logits(stories, trimmed):
@@ -83,7 +83,7 @@ def test_trimmed_draft_is_lossless(stories, trimmed, tmp_path):
     assert spec == plain
     assert 0.0 < acceptance < 1.0  # the target's own model, but cut tokens are never drafted
     # Keeping every token, the draft is the target itself, fed embeddings: all drafts accepted.
-    whole = trim.derive(stories, tmp_path / "stories-all.gguf", 512, texts=CORPUS)
+    whole = derive.derive(stories, tmp_path / "stories-all.gguf", 512, texts=CORPUS)
     spec, acceptance = _generate_all(stories, whole)
     assert spec == plain and acceptance == 1.0
 
@@ -114,15 +114,13 @@ def test_missing_or_altered_inputs_file_is_one_clear_error(trimmed, tmp_path):
 
 
 def test_interrupted_derive_leaves_no_model(stories, tmp_path, monkeypatch):
-    import llamaspec.gguf_tools as gguf_tools
-
     def broken(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(gguf_tools, "trim_vocab", broken)
+    monkeypatch.setattr(derive, "trim_vocab", broken)
     destination = tmp_path / "half.gguf"
     with pytest.raises(KeyboardInterrupt):
-        trim.derive(stories, destination, 400, texts=CORPUS)
+        derive.derive(stories, destination, 400, texts=CORPUS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["half.inputs.gguf"]  # no model, no .partial
 
 
