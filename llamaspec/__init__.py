@@ -15,7 +15,7 @@ def __getattr__(name: str) -> Any:
 
         return SpeculativeDecoder
     if name == "ModelOptions":
-        from .model import ModelOptions
+        from .llama import ModelOptions
 
         return ModelOptions
     if name == "SamplingParams":

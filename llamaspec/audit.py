@@ -19,7 +19,7 @@ import numpy as np
 
 from .calibrate import settings_key
 from .drafters import Draft
-from .model import Model
+from .llama import Model
 from .models import remembered, sha256_cached
 from .sampling import Sampler
 from .speculative import StepTrace, generate_tokens

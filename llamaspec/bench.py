@@ -19,11 +19,12 @@ from . import __version__
 from .calibrate import eval_costs
 from .decoder import K_MAX, SpeculativeDecoder
 from .errors import LlamaSpecError
-from .model import ModelOptions, reference_greedy, system_info
+from .llama import ModelOptions, system_info
 from .models import sha256_cached
 from .policy import CostModel
-from .speculative import COUNT_FIELDS, add_counts, position_acceptance
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
+from .reference import ReferenceGreedy
+from .speculative import COUNT_FIELDS, add_counts, position_acceptance
 
 
 @dataclass
@@ -94,7 +95,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             raise LlamaSpecError("bench needs a drafter: pass --draft, or --drafter ngram")
         verify_ms = eval_costs(decoder.target, list(range(1, K_MAX + 2)))
         costs = CostModel(verify_ms, 0.0)
-        reference, llm = reference_greedy(config.target, options) if config.reference else (None, None)
+        reference = ReferenceGreedy(config.target, options, decoder.target.is_eog) if config.reference else None
         try:
             def encode(text: str) -> list[int]:
                 return decoder.prompt_tokens(text, chat=decoder.chat_format.has_template)
@@ -137,8 +138,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
                 if progress:
                     progress(index + 1, len(prompts), record)
         finally:
-            if llm is not None:
-                llm.close()
+            if reference is not None:
+                reference.close()
         draft_path = decoder.draft_model.path if decoder.draft_model else None
         strict_note = decoder.strict_note
     return {

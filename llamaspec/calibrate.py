@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .model import Model, system_info
+from .llama import Model, system_info
 from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"

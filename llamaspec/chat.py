@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from .errors import LlamaSpecError
 
 if TYPE_CHECKING:
-    from .model import Model
+    from .llama import Model
 
 Message = Mapping[str, str]
 

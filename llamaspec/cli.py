@@ -149,7 +149,7 @@ def audit(
 ) -> None:
     """Is batched verification bit-identical to plain decoding on this model and build?"""
     from .audit import run_audit
-    from .model import Model, cpu_kernels, system_info
+    from .llama import Model, cpu_kernels, system_info
     from .prompts import load_prompts
 
     if batch_max < 2:

@@ -135,7 +135,7 @@ def parse_k(value: str) -> int | str:
 def model_options(ctx: int, threads: int, gpu_layers: int, flash_attn: FlashAttn, repack: bool = True,
                   n_seq: int = 1, target_rpc: Optional[str] = None) -> Any:
     """ModelOptions from the shared flags (it validates them)."""
-    from .model import ModelOptions
+    from .llama import ModelOptions
 
     return ModelOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers, flash_attn=flash_attn.value,
                         repack=repack, n_seq=n_seq, rpc_servers=target_rpc or ())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .errors import VocabMismatchError
-from .model import Model
+from .llama import Model
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5  # ids below this are often control tokens that differ harmlessly

@@ -24,7 +24,7 @@ from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .errors import LlamaSpecError
 from .kv import KVModel
-from .model import Model, ModelOptions
+from .llama import Model, ModelOptions
 from .policy import AdaptiveK, ConfidenceK, CostModel
 from .sampling import Sampler, SamplingParams
 from .speculative import GenerationStats, Trace, generate_tokens

@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import LlamaSpecError
 from .gguf_tools import always_kept, trim_vocab, write_token_table
-from .model import Model, ModelOptions
+from .llama import Model, ModelOptions
 from .trim import EMBD, IDS_KEY, INPUTS_KEY, INPUTS_SHA_KEY, check_size, choose_tokens, file_sha256, inputs_path
 
 CORPUS_BYTES = 12_000_000  # enough text for stable ranks of the top 64K tokens

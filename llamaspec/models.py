@@ -226,7 +226,7 @@ def fetch(name: str, progress: Progress | None = None) -> Path:
         base = fetch(model.base, progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         if model.quant:
-            from .model import quantize
+            from .llama import quantize
 
             if progress:
                 progress(0, 1, f"requantizing {model.base} to {model.quant}")

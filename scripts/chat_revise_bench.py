@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llamaspec.chat_session import ChatSession  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.decoder import SpeculativeDecoder  # noqa: E402
-from llamaspec.model import ModelOptions  # noqa: E402
+from llamaspec.llama import ModelOptions  # noqa: E402
 from llamaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 
 TURNS = [

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llamaspec.calibrate import N_CONTEXT, filler_tokens  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.errors import LlamaSpecError  # noqa: E402
-from llamaspec.model import Model, ModelOptions, set_cpu_kernels, system_info  # noqa: E402
+from llamaspec.llama import Model, ModelOptions, set_cpu_kernels, system_info  # noqa: E402
 from llamaspec.models import DEFAULT_TARGET, sha256_cached  # noqa: E402
 
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16]

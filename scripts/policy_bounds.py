@@ -37,7 +37,7 @@ from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.decoder import K_MAX, SpeculativeDecoder  # noqa: E402
 from llamaspec.drafters import common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
-from llamaspec.model import Model, ModelOptions  # noqa: E402
+from llamaspec.llama import Model, ModelOptions  # noqa: E402
 from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy  # noqa: E402
 from llamaspec.models import DEFAULT_DRAFT  # noqa: E402
 from llamaspec.prompts import load_prompts  # noqa: E402

@@ -101,7 +101,7 @@ def main() -> int:
 
     from llamaspec.cli_common import resolve_model
     from llamaspec.decoder import SpeculativeDecoder
-    from llamaspec.model import ModelOptions
+    from llamaspec.llama import ModelOptions
 
     binary = REPO / ".rpc" / "bin" / "rpc-server"
     ports = [free_port(), free_port()]

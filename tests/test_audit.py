@@ -10,7 +10,7 @@ from conftest import STORY_PROMPTS, run_cli
 
 from llamaspec.audit import BatchComparison, compare_batched, plain_with_rows, run_audit
 from llamaspec.decoder import SpeculativeDecoder
-from llamaspec.model import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions
 
 OPTIONS = ModelOptions(n_ctx=512)
 

@@ -10,7 +10,7 @@ from conftest import run_cli
 from llamaspec.bench import first_divergence
 from llamaspec.decoder import K_MAX
 from llamaspec.errors import LlamaSpecError
-from llamaspec.model import system_info
+from llamaspec.llama import system_info
 from llamaspec.prompts import load_prompts
 
 PER_PROMPT = {"id", "category", "n_prompt_tokens", "n_generated", "plain_tps", "speculative_tps", "speedup",

@@ -19,7 +19,7 @@ from llamaspec import models as registry
 from llamaspec.chat_session import ChatSession
 from llamaspec.decoder import SpeculativeDecoder
 from llamaspec.errors import ContextFullError
-from llamaspec.model import ModelOptions
+from llamaspec.llama import ModelOptions
 from llamaspec.openai_api import StopStrings
 from llamaspec.text import TextStream
 

@@ -9,7 +9,7 @@ from conftest import STORY_PROMPTS
 from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.errors import ContextFullError, VocabMismatchError
-from llamaspec.model import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions
 from llamaspec.speculative import GenerationStats, StepTrace, generate_tokens
 
 OPTIONS = ModelOptions(n_ctx=512, n_threads=2)

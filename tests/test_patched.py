@@ -30,7 +30,7 @@ MULTIROW_TYPES = {"q4_k_s": "Q4_K", "q6_k": "Q6_K", "q4_0": "Q4_0", "q8_0": "Q8_
 
 
 def system_info() -> str:
-    from llamaspec.model import system_info as info
+    from llamaspec.llama import system_info as info
 
     text = info()
     if "BATCH_INVARIANT" not in text:
@@ -105,7 +105,7 @@ def test_patched_gemma_long_context_bit_exact(tmp_path):
 def kernel_models(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A random 2-layer llama, 256 wide (K-quant blocks), with every tensor of one type."""
     from llamaspec.gguf_tools import random_llama
-    from llamaspec.model import quantize
+    from llamaspec.llama import quantize
 
     folder = tmp_path_factory.mktemp("kernels")
     f32 = random_llama(stories, folder / "random-f32.gguf", n_embd=256, n_ff=512)
@@ -113,7 +113,7 @@ def kernel_models(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def test_system_info_names_the_multirow_kernels():
-    from llamaspec.model import cpu_kernels
+    from llamaspec.llama import cpu_kernels
 
     info = system_info()
     if " AVX2 = 1" in info:

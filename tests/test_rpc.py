@@ -22,7 +22,7 @@ from conftest import REPO, STORY_PROMPTS
 
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.errors import LlamaSpecError
-from llamaspec.model import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions
 from llamaspec.speculative import generate_tokens
 
 RPC_SERVER = Path(os.environ.get("LLAMASPEC_RPC_SERVER", REPO / ".rpc" / "bin" / "rpc-server"))
@@ -97,9 +97,8 @@ def test_split_target_speculative_equals_local_plain(stories, truncated_draft, t
     assert all(len(tokens) > 8 for tokens in plain)
 
     capsys.readouterr()
-    monkeypatch.setenv("LLAMASPEC_LOG", "1")  # llama.cpp's loader log: where the layers went
-    target = Model(stories, ModelOptions(n_ctx=256, rpc_servers=tuple(s.endpoint for s in two_servers)))
-    monkeypatch.delenv("LLAMASPEC_LOG")
+    # log=True: llama.cpp's loader log, which says where the layers went.
+    target = Model(stories, ModelOptions(n_ctx=256, rpc_servers=tuple(s.endpoint for s in two_servers), log=True))
     log = capsys.readouterr().err
     try:
         for server in two_servers:  # both servers hold part of the weights
@@ -171,7 +170,7 @@ def test_bad_server_addresses(bad):
 CLIENT = """
 import sys
 from llamaspec.drafters.draft_model import DraftModelDrafter
-from llamaspec.model import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions
 from llamaspec.speculative import generate_tokens
 target = Model(sys.argv[1], ModelOptions(n_ctx=512, rpc_servers=tuple(sys.argv[3].split(","))))
 draft = Model(sys.argv[2], ModelOptions(n_ctx=512))

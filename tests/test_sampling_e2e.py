@@ -10,7 +10,7 @@ from scipy.stats import chi2_contingency
 
 import llamaspec.speculative as speculative
 from llamaspec.drafters.draft_model import DraftModelDrafter
-from llamaspec.model import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions
 from llamaspec.sampling import Sampler, SamplingParams
 from llamaspec.speculative import generate_tokens
 

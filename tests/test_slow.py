@@ -9,7 +9,7 @@ from llamaspec import models
 from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.gguf_tools import truncate_layers
-from llamaspec.model import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions
 from llamaspec.speculative import GenerationStats
 
 pytestmark = pytest.mark.slow

@@ -203,7 +203,7 @@ def test_hybrid_drafts_from_the_suffix_trie_on_a_long_match():
 
 def test_suffix_drafter_on_the_tiny_model_is_identical_to_plain(stories):
     from llamaspec.decoder import SpeculativeDecoder
-    from llamaspec.model import ModelOptions
+    from llamaspec.llama import ModelOptions
 
     with SpeculativeDecoder(stories, k=4, drafter="suffix", options=ModelOptions(n_ctx=512, n_threads=2)) as decoder:
         assert isinstance(decoder.drafter, SuffixDrafter)
@@ -229,7 +229,7 @@ def test_suffix_drafter_on_the_tiny_model_is_identical_to_plain(stories):
 
 def test_decoder_wiring(stories, truncated_draft):
     from llamaspec.decoder import SpeculativeDecoder
-    from llamaspec.model import ModelOptions
+    from llamaspec.llama import ModelOptions
     from llamaspec.policy import AdaptiveK
 
     options = ModelOptions(n_ctx=256, n_threads=2)

@@ -42,7 +42,7 @@ def trimmed(stories, tmp_path_factory):
 
 
 def test_derived_draft_speaks_target_ids_with_full_width_logits(stories, trimmed):
-    from llamaspec.model import Model, ModelOptions
+    from llamaspec.llama import Model, ModelOptions
 
     options = ModelOptions(n_ctx=256)
     with Model(stories, options) as full, Model(trimmed, options) as draft:
@@ -66,7 +66,7 @@ def test_derived_draft_speaks_target_ids_with_full_width_logits(stories, trimmed
 def _generate_all(target, draft) -> tuple[list[list[int]], float]:
     """Greedy outputs on the story prompts, and the acceptance rate over all of them."""
     from llamaspec import SpeculativeDecoder
-    from llamaspec.model import ModelOptions
+    from llamaspec.llama import ModelOptions
 
     outputs, drafted, accepted = [], 0, 0
     with SpeculativeDecoder(target, draft, k=4, drafter="model" if draft else "auto",
@@ -98,7 +98,7 @@ def test_trimmed_draft_with_another_vocabulary_is_refused(trimmed, tiny_random):
 def test_missing_or_altered_inputs_file_is_one_clear_error(trimmed, tmp_path):
     import shutil
 
-    from llamaspec.model import Model
+    from llamaspec.llama import Model
 
     copy = shutil.copy(trimmed, tmp_path / trimmed.name)
     with pytest.raises(LlamaSpecError, match="inputs file .* is missing"):
@@ -135,7 +135,7 @@ def test_derive_cli_refuses_bad_sizes(stories, tmp_path, vocab):
 def test_trimmed_draft_in_a_shared_batch_matches_separate_evals(trimmed):
     """The server decodes several slots' draft tokens in one batch: the embeddings of each
     part must land in its own rows."""
-    from llamaspec.model import Model, ModelOptions
+    from llamaspec.llama import Model, ModelOptions
 
     with Model(trimmed, ModelOptions(n_ctx=128)) as alone, Model(trimmed, ModelOptions(n_ctx=128, n_seq=2)) as shared:
         first, second = alone.tokenize(STORY_PROMPTS[1]), alone.tokenize(STORY_PROMPTS[2])
@@ -152,7 +152,7 @@ def test_quantize_head_type_sets_the_output_and_embedding_tables(stories, tmp_pa
     """Draft profiles: the head's type is chosen apart from the body's."""
     import gguf
 
-    from llamaspec.model import quantize
+    from llamaspec.llama import quantize
 
     types = {}
     for head in ("q8_0", "q4_0"):

@@ -26,7 +26,7 @@ from ..errors import ContextFullError, LlamaSpecError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..model import Model, ModelOptions
+    from ..llama import Model, ModelOptions
 
 
 class Cancelled(LlamaSpecError):

@@ -16,7 +16,7 @@ from typing import Callable
 
 from ..decoder import SpeculativeDecoder
 from ..errors import LlamaSpecError
-from ..model import set_rpc_failure_handler
+from ..llama import set_rpc_failure_handler
 from .app import MAX_BODY_BYTES, ServerConfig, create_app
 from .schemas import ApiError
 from .slots import Engine

@@ -1,0 +1,91 @@
+"""llama.cpp's tools beside inference: re-quantizing a GGUF, the build's system info, and the
+patched build's run-time kernel switch."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from pathlib import Path
+
+from ..errors import LlamaSpecError, ModelLoadError
+from . import backend
+from .backend import ll
+
+QUANT_TYPES = {
+    "f16": ll.LLAMA_FTYPE_MOSTLY_F16,
+    "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q6_k": ll.LLAMA_FTYPE_MOSTLY_Q6_K,
+    "q4_k_m": ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q4_k_s": ll.LLAMA_FTYPE_MOSTLY_Q4_K_S,
+    "q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "iq4_nl": ll.LLAMA_FTYPE_MOSTLY_IQ4_NL,
+}
+HEAD_TYPES = {"q8_0": 8, "q6_k": 14, "q4_k": 12, "q4_0": 2, "iq4_nl": 20}  # ggml_type ids (ggml.h)
+
+
+def quantize(source: str | os.PathLike[str], destination: str | os.PathLike[str], quant_type: str,
+             n_threads: int = 2, pure: bool = False, head: str | None = None) -> Path:
+    """Re-quantize a GGUF (llama_model_quantize with allow_requantize): a cheaper draft
+    (Q4_0) or a bandwidth-heavy "big target" profile (F16); `pure` gives every tensor the one
+    type (no K-quant mixture: kernel tests); `head` sets the type of the output and
+    token-embedding tables (a draft's head is a large part of its cost). Written to a temporary
+    name and renamed, so an interrupted run leaves nothing that looks complete."""
+    backend.init()
+    if quant_type not in QUANT_TYPES:
+        raise LlamaSpecError(f"unknown quantization {quant_type!r}; choose from {', '.join(QUANT_TYPES)}")
+    if head is not None and head not in HEAD_TYPES:
+        raise LlamaSpecError(f"unknown head type {head!r}; choose from {', '.join(HEAD_TYPES)}")
+    source, destination = Path(source), Path(destination)
+    backend.check_gguf_file(source)
+    partial = destination.with_name(destination.name + ".partial")
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[quant_type]
+    params.allow_requantize = True
+    params.pure = pure
+    params.nthread = n_threads
+    if head is not None:
+        params.output_tensor_type = params.token_embedding_type = HEAD_TYPES[head]
+    backend.clear_errors()
+    try:
+        if ll.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+            raise ModelLoadError(f"quantizing {source} failed: {backend.last_error()}")
+        partial.replace(destination)
+    finally:
+        partial.unlink(missing_ok=True)
+    return destination
+
+
+def system_info() -> str:
+    """The CPU features llama.cpp was compiled with (AVX2 = 1, ...): the build, in one line."""
+    backend.init()
+    return (ll.llama_print_system_info() or b"").decode("utf-8", "replace").strip()
+
+
+def cpu_kernels() -> str:
+    """What the CPU backend does with verify-sized batches, in words (from the build's system info):
+    stock kernels, batch-invariant per-row kernels, or batch-invariant multi-row kernels."""
+    fields = dict(re.findall(r"(\w+) = ([^|\s]+)", system_info()))
+    limit = int(fields.get("BATCH_INVARIANT", "0"))
+    if limit < 2:
+        return "stock kernels (batch size changes the reduction order; build without LLAMASPEC_STOCK for bit-exact)"
+    multirow = fields.get("MULTIROW", "none")
+    if multirow == "none":
+        return f"batch-invariant up to {limit} tokens, per-row kernels (no multi-row kernels on this CPU)"
+    return (f"batch-invariant up to {limit} tokens, multi-row kernels for {multirow.replace(',', ', ')} "
+            "(other types per row)")
+
+
+def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: bool = False) -> bool:
+    """Switch the patched build's small-batch CPU kernels at run time, so stock and patched
+    costs are measured side by side in one process: batch_invariant 0 = stock kernels, N = batches
+    up to N computed row for row like a batch of one (multirow: with the multi-row kernels;
+    control: a deliberately different rounding on rows 1.., for tests). False on a build
+    without the switch (stock llama-cpp-python)."""
+    backend.init()
+    setter = getattr(backend.ggml(), "ggml_cpu_batch_invariant_set", None)
+    if setter is None:
+        return False
+    setter.argtypes, setter.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int], None
+    setter(batch_invariant, int(multirow), int(control))
+    return True
