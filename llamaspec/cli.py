@@ -101,7 +101,7 @@ def bench(
     repack: bool = RepackOpt,
     target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
-    min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Stop drafting below this draft probability."),
+    min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Fixed --k only: stop drafting below this draft probability."),
     reference: bool = typer.Option(True, "--reference/--no-reference",
                                    help="Also compare with llama-cpp-python's Llama greedy output."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report here."),

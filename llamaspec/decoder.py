@@ -25,7 +25,7 @@ from .drafters.suffix import SuffixDrafter
 from .errors import LlamaSpecError
 from .kv import KVModel
 from .llama import Model, ModelOptions
-from .policy import AdaptiveK, ConfidenceK, CostModel
+from .policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy, FixedK
 from .sampling import Sampler, SamplingParams
 from .speculative import GenerationStats, Trace, generate_tokens
 from .text import TextStream
@@ -68,6 +68,11 @@ class SpeculativeDecoder:
             raise LlamaSpecError(f"k must be 'auto' or at least 1, got {k!r}")
         if drafter not in DRAFTER_KINDS:
             raise LlamaSpecError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
+        if min_draft_prob and k == "auto":
+            raise LlamaSpecError("a minimum draft probability needs a fixed k: with k=auto the draft's own "
+                                 "confidence decides when to stop drafting")
+        if not 0.0 <= min_draft_prob <= 1.0:
+            raise LlamaSpecError(f"the minimum draft probability must be between 0 and 1, got {min_draft_prob}")
         if verify not in ("rejection", "match"):
             raise LlamaSpecError(f"verify must be rejection or match, got {verify!r}")
         self.k_label: int | str = k
@@ -122,14 +127,17 @@ class SpeculativeDecoder:
         # Lookup drafts carry no calibrated confidence (one earlier occurrence reads as
         # certain): k's ceiling is chosen up front from the acceptance so far, and the suffix
         # drafter's own rule (match length, frequencies) drafts up to it.
-        lookup_policy = AdaptiveK(CostModel(self.verify_ms, LOOKUP_MS_PER_TOKEN), self.k) if auto else None
+        lookup_policy = AdaptiveK(CostModel(self.verify_ms, LOOKUP_MS_PER_TOKEN), self.k) if auto else FixedK()
         if kind == "ngram":
             return NgramDrafter(policy=lookup_policy)
         if kind == "suffix":
             return SuffixDrafter(policy=lookup_policy)
         assert self.draft_model is not None
-        model_policy = ConfidenceK(CostModel(self.verify_ms, self.draft_ms), self.k) if auto else None
-        model_drafter = DraftModelDrafter(self.draft_model, self.min_draft_prob, model_policy)
+        if auto:
+            model_policy: DraftPolicy = ConfidenceK(CostModel(self.verify_ms, self.draft_ms), self.k)
+        else:
+            model_policy = FixedK(self.min_draft_prob)
+        model_drafter = DraftModelDrafter(self.draft_model, model_policy)
         if kind == "model":
             return model_drafter
         # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.

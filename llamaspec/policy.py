@@ -2,7 +2,7 @@
 
 On CPU a verify batch of n tokens costs far more than one decode (and not monotonically in
 n), and a draft model is only a few times cheaper than the target. A fixed k therefore often
-loses to plain decoding. Two policies, both allowed to answer k = 0 (a plain step):
+loses to plain decoding. Two adaptive policies, both allowed to answer k = 0 (a plain step):
 
 - `AdaptiveK` (drafters without probabilities: n-gram lookup) keeps an online estimate of
   the probability alpha_i that draft position i is accepted given 1..i-1 were, and picks
@@ -10,13 +10,17 @@ loses to plain decoding. Two policies, both allowed to answer k = 0 (a plain ste
   E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} alpha_j.
 - `ConfidenceK` (the draft model) decides token by token from the draft's own probability.
 
+`FixedK` is a fixed k (the user's `--k`), optionally cut short by the draft's confidence.
+`draft_steps` runs the drafting side of the protocol for every drafter that drafts token by
+token (and for the replay in scripts/policy_bounds.py), so the sequence exists once.
+
 Pure Python; costs come from `calibrate.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class CostModel:
 class DraftPolicy(Protocol):
     """How long a draft to make, step by step; a drafter calls these in this order."""
 
+    wants_prob: bool  # False: `more` ignores its argument, so the drafter need not compute it
+
     def begin(self, max_k: int) -> int:
         """At most this many tokens this step (0: a plain step, draft nothing)."""
         ...
@@ -63,6 +69,44 @@ class DraftPolicy(Protocol):
         ...
 
 
+def draft_steps(policy: DraftPolicy, max_k: int, next_token: Callable[[int], tuple[float, bool]]) -> tuple[int, int]:
+    """begin, then per drafted token `more`, then `keep`: `next_token(i)` drafts token i and
+    returns the drafter's probability for it and whether drafting can go on after it (not at
+    an end of generation). Returns (tokens drafted, tokens to verify); `update` follows once
+    verification has spoken."""
+    limit = policy.begin(max_k)
+    drafted = 0
+    while drafted < limit:
+        prob, can_go_on = next_token(drafted)
+        drafted += 1
+        if not policy.more(prob) or not can_go_on:  # `more` sees every token: ConfidenceK's keep needs it
+            break
+    return drafted, policy.keep(drafted) if drafted else 0
+
+
+class FixedK:
+    """The loop's k every step; drafting stops early after a token whose draft probability is
+    below `min_top_prob` (0: never)."""
+
+    def __init__(self, min_top_prob: float = 0.0):
+        if not 0.0 <= min_top_prob <= 1.0:
+            raise ValueError("min_top_prob must be between 0 and 1")
+        self.min_top_prob = min_top_prob
+        self.wants_prob = min_top_prob > 0.0
+
+    def begin(self, max_k: int) -> int:
+        return max_k
+
+    def more(self, top_prob: float) -> bool:
+        return top_prob >= self.min_top_prob
+
+    def keep(self, n_drafted: int) -> int:
+        return n_drafted
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        pass
+
+
 class AdaptiveK:
     """Online acceptance estimates per draft position + a cost model -> the best k.
 
@@ -73,6 +117,8 @@ class AdaptiveK:
     The prior 0.7: replayed on the suite (scripts/policy_bounds.py data), 0.85 lost 2-3 % to
     futile n-gram retries where drafting does not pay and 0.7 nothing, with the same gains
     where it does."""
+
+    wants_prob = False
 
     def __init__(self, costs: CostModel, k_max: int = 8, prior_acceptance: float = 0.7,
                  prior_weight: float = 2.0, decay: float = 0.98):
@@ -142,6 +188,8 @@ class ConfidenceK:
     decides whether drafting can pay at all; when it cannot, the step is plain and the
     estimate drifts back to its prior, so drafting is tried again later.
     """
+
+    wants_prob = True
 
     def __init__(self, costs: CostModel, k_max: int = 8, prior_first: float = 0.9, memory: float = 0.9):
         if k_max < 1:

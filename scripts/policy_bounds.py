@@ -38,7 +38,7 @@ from llamaspec.decoder import K_MAX, SpeculativeDecoder  # noqa: E402
 from llamaspec.drafters import common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
 from llamaspec.llama import Model, ModelOptions  # noqa: E402
-from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy  # noqa: E402
+from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy, draft_steps  # noqa: E402
 from llamaspec.models import DEFAULT_DRAFT  # noqa: E402
 from llamaspec.prompts import load_prompts  # noqa: E402
 
@@ -115,15 +115,10 @@ def foresight(costs: CostModel, k_max: int) -> Step:
 
 
 def with_policy(costs: CostModel, policy: DraftPolicy) -> Step:
-    """The drafter's side of the policy protocol, as DraftModelDrafter runs it."""
+    """The policy driven by `draft_steps`, as DraftModelDrafter drives it, on recorded guesses."""
     def step(text: Text, at: int) -> tuple[int, float]:
-        limit = policy.begin(min(K_MAX, len(text.output) - at - 1))
-        drafted = 0
-        while drafted < limit:
-            drafted += 1
-            if not policy.more(float(text.prob[at + drafted - 1])) or drafted == limit:
-                break
-        kept = policy.keep(drafted) if drafted else 0
+        drafted, kept = draft_steps(policy, min(K_MAX, len(text.output) - at - 1),
+                                    lambda i: (float(text.prob[at + i]), True))
         accepted = text.run(at, kept)
         policy.update(kept, accepted)
         return accepted + 1, costs.draft_ms_per_token * drafted + costs.verify(kept + 1)

@@ -5,7 +5,7 @@ import pytest
 from llamaspec.drafters import Draft
 from llamaspec.drafters.hybrid import HybridDrafter
 from llamaspec.drafters.ngram import NgramDrafter
-from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel
+from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, FixedK, draft_steps
 from llamaspec.sampling import Sampler
 
 # The shape measured on a 2-core CPU: verify cost grows almost linearly with batch size.
@@ -80,14 +80,35 @@ F16_AVX512 = CostModel({1: 88.0, 2: 129.2, 3: 115.6, 4: 117.1, 6: 133.7, 8: 161.
 
 
 def draft_with(policy, probs, max_k=15):
-    """Run the drafter's side of the protocol: how many drafted, how many kept."""
-    limit = policy.begin(max_k)
-    drafted = 0
-    for p in probs[:limit]:
-        drafted += 1
-        if not policy.more(p) or drafted == limit:
-            break
-    return drafted, policy.keep(drafted) if drafted else 0
+    """The drafter's side of the protocol on given draft probabilities: (drafted, kept)."""
+    return draft_steps(policy, max_k, lambda i: (probs[i], i + 1 < len(probs)))
+
+
+def test_draft_steps_calls_more_for_every_token_and_stops_where_the_drafter_must():
+    calls = []
+
+    class Recorder(FixedK):
+        def more(self, top_prob):
+            calls.append(top_prob)
+            return True
+
+    assert draft_with(Recorder(), [0.9, 0.8, 0.7], max_k=2) == (2, 2)  # the limit
+    assert calls == [0.9, 0.8]
+    assert draft_with(Recorder(), [0.9, 0.8], max_k=5) == (2, 2)  # the drafter cannot go on (end of text)
+    assert calls == [0.9, 0.8, 0.9, 0.8]
+    never = FixedK()
+    never.begin = lambda max_k: 0
+    assert draft_with(never, [0.9]) == (0, 0)  # a plain step drafts nothing
+
+
+def test_fixed_k_drafts_the_loops_k_and_stops_after_an_unsure_token():
+    assert draft_with(FixedK(), [0.1] * 20, max_k=4) == (4, 4)
+    assert not FixedK().wants_prob  # the drafter may skip computing probabilities
+    policy = FixedK(min_top_prob=0.5)
+    assert policy.wants_prob
+    assert draft_with(policy, [0.9, 0.6, 0.4, 0.9, 0.9], max_k=8) == (3, 3)  # the unsure token is still verified
+    with pytest.raises(ValueError):
+        FixedK(1.5)
 
 
 def test_confidence_policy_drafts_long_while_the_draft_is_sure_and_stops_when_it_is_not():

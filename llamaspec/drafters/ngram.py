@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..policy import DraftPolicy
+from ..policy import DraftPolicy, FixedK
 from ..sampling import Sampler
 from . import Draft
 
@@ -22,7 +22,7 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        self.policy = policy
+        self.policy = policy or FixedK()
         self._tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
 
@@ -45,13 +45,11 @@ class NgramDrafter:
         return []
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
-        if self.policy is not None:
-            max_k = self.policy.begin(max_k)
+        max_k = self.policy.begin(max_k)
         return Draft(self.lookup(context, max_k) if max_k > 0 else [])
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        if self.policy is not None:
-            self.policy.update(n_drafted, n_accepted)
+        self.policy.update(n_drafted, n_accepted)
 
     def close(self) -> None:
         pass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..policy import DraftPolicy
+from ..policy import DraftPolicy, FixedK
 from ..sampling import Sampler
 from . import Draft, common_prefix_len
 
@@ -139,7 +139,7 @@ class SuffixDrafter:
             raise ValueError("need length_factor > 0, 0 <= min_prob <= 1 and history_tokens >= 0")
         self.length_factor, self.min_prob, self.min_match = length_factor, min_prob, min_match
         self.history_tokens = history_tokens
-        self.policy = policy
+        self.policy = policy or FixedK()
         self.trie = SuffixTrie(max_depth)
         self._context: list[int] = []  # the context as last seen
 
@@ -189,14 +189,12 @@ class SuffixDrafter:
         return tokens
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
-        if self.policy is not None:
-            max_k = self.policy.begin(max_k)
+        max_k = self.policy.begin(max_k)
         tokens = self.lookup(context, max_k)  # synced even when not drafting: the cost stays even
         return Draft(tokens)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        if self.policy is not None:
-            self.policy.update(n_drafted, n_accepted)
+        self.policy.update(n_drafted, n_accepted)
 
     def close(self) -> None:
         pass
