@@ -62,6 +62,15 @@ def test_bench_bad_prompts_file(stories, tmp_path):
     assert result.returncode != 0 and "line 1" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("flags,expected", [
+    (["--min-draft-prob", "0.5"], "needs a fixed k"),  # k=auto stops by the draft's confidence itself
+    (["--k", "3", "--min-draft-prob", "1.5"], "between 0 and 1"),
+])
+def test_bench_min_draft_prob_needs_a_fixed_k_and_a_probability(stories, flags, expected):
+    result = run_cli("bench", "--target", stories, "--draft", stories, *flags)
+    assert result.returncode != 0 and expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_shipped_suite_has_five_categories_and_thirty_prompts():
     prompts = load_prompts()
     assert len(prompts) >= 30
