@@ -24,7 +24,7 @@ from .models import sha256_cached
 from .policy import CostModel
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 from .reference import ReferenceGreedy
-from .speculative import COUNT_FIELDS, add_counts, position_acceptance
+from .stats import COUNT_FIELDS, add_counts, position_acceptance
 
 
 @dataclass

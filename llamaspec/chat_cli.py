@@ -25,7 +25,8 @@ from .cli_common import (
 )
 from .errors import LlamaSpecError
 from .sampling import SamplingParams
-from .speculative import GenerationStats, StepTrace
+from .speculative import StepTrace
+from .stats import GenerationStats
 
 if TYPE_CHECKING:
     from .decoder import SpeculativeDecoder

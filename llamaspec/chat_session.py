@@ -1,7 +1,7 @@
 """A multi-turn chat over a SpeculativeDecoder that pays only for what is new.
 
 Each turn renders the whole conversation with the target's chat template and hands the
-tokens to `decoder.stream`; `prefill` keeps the common prefix in the target's KV cache and
+tokens to `decoder.generate`; `prefill` keeps the common prefix in the target's KV cache and
 the draft model syncs its own cache the same way, so a turn evaluates only the tokens added
 since the last one. When a turn would not fit, the oldest exchanges are dropped (never the
 system prompt) and the turn says how many messages went.
@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING, Generator, Iterator
 
 from .errors import ContextFullError
 from .sampling import SamplingParams
-from .speculative import COUNT_FIELDS, GenerationStats, Trace, add_counts
+from .speculative import Trace
+from .stats import GenerationStats
 
 if TYPE_CHECKING:
     from .chat import Message
-    from .decoder import SpeculativeDecoder
-
-# GenerationStats counters that add up across turns (the rest describe one generation).
-_SUMMED = ("n_prompt", "n_prompt_evaluated", "n_generated", "n_drafted", "n_accepted", "n_steps",
-           "prefill_s", "draft_s", "verify_s", "step_s")
+    from .decoder import Decoder
 
 
 @dataclass
@@ -58,11 +55,7 @@ class SessionTotals:
 
     def add(self, turn: Turn) -> None:
         self.turns += 1
-        self.stats.mode, self.stats.k, self.stats.verify = turn.stats.mode, turn.stats.k, turn.stats.verify
-        for name in _SUMMED:
-            setattr(self.stats, name, getattr(self.stats, name) + getattr(turn.stats, name))
-        for name in COUNT_FIELDS:
-            add_counts(getattr(self.stats, name), getattr(turn.stats, name))
+        self.stats.merge(turn.stats)
         if turn.first_token_s is not None:
             self.first_token_s.append(turn.first_token_s)
 
@@ -74,7 +67,7 @@ class SessionTotals:
 class ChatSession:
     """The message list of one conversation (system prompt kept) and its running totals."""
 
-    def __init__(self, decoder: SpeculativeDecoder, *, system: str | None = None, max_tokens: int = 512,
+    def __init__(self, decoder: Decoder, *, system: str | None = None, max_tokens: int = 512,
                  sampling: SamplingParams = SamplingParams()):
         self.decoder = decoder
         self.system: list[Message] = [{"role": "system", "content": system}] if system else []
@@ -134,7 +127,9 @@ class ChatSession:
 
     def _reply(self, turn: Turn, prompt: list[int], started: float,
                trace: Trace | None) -> Generator[str, None, None]:
-        pieces = self.decoder.stream(prompt, max_tokens=self.max_tokens, sampling=self.sampling, trace=trace)
+        generation = self.decoder.generate(prompt, max_tokens=self.max_tokens, sampling=self.sampling, trace=trace)
+        turn.stats = generation.stats
+        pieces = generation.text()
         completed = False
         try:
             for piece in pieces:
@@ -155,7 +150,6 @@ class ChatSession:
             raise
         finally:
             pieces.close()  # type: ignore[attr-defined]
-            turn.stats = self.decoder.stats
             if completed or turn.text:
                 # Templates put their own separator before the answer ("Assistant: "); a
                 # leading space kept here would double it and cost the answer's KV reuse.

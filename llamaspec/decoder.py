@@ -4,19 +4,23 @@
     with SpeculativeDecoder("target.gguf", "draft.gguf", k=3) as decoder:
         for piece in decoder.stream("def fib(n):", max_tokens=64):
             print(piece, end="")
-        print(decoder.stats.to_dict())
+        print(decoder.stats.to_dict())  # the latest generation's; generate() returns a handle with its own
+
+`SpeculativeDecoder` loads the models and resolves strict mode, calibration and the drafter
+kind once, into a frozen `DecoderConfig`; a `Decoder` is that config on a pair of models (the
+server runs one per slot, on views of shared contexts).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
-from typing import Iterator, Literal, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal, Mapping, Sequence
 
+from .calibrate import eval_costs
 from .chat import ChatFormat, Message
 from .compat import check_vocab_compatible
-from .calibrate import eval_costs
 from .drafters import Drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.hybrid import HybridDrafter
@@ -25,9 +29,11 @@ from .drafters.suffix import SuffixDrafter
 from .errors import LlamaSpecError
 from .kv import KVModel
 from .llama import Model, ModelOptions
+from .openai_api import CompletionMixin
 from .policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy, FixedK
 from .sampling import Sampler, SamplingParams
-from .speculative import GenerationStats, Trace, generate_tokens
+from .speculative import Trace, generate_tokens
+from .stats import GenerationStats
 from .text import TextStream
 from .verify import VerifyMode
 
@@ -40,8 +46,158 @@ K_MAX = 15  # the longest draft `k="auto"` may choose (verify batches of up to 1
 LOOKUP_MS_PER_TOKEN = 0.05  # an n-gram or suffix-trie lookup: free next to any model evaluation
 
 
-class SpeculativeDecoder:
-    """A target model plus a drafter; without one it decodes plainly.
+@dataclass(frozen=True)
+class DecoderConfig:
+    """What a decoder decided once, at construction; shared by every decoder made from it."""
+
+    k: int  # the longest draft (0: plain decoding only)
+    k_label: int | str  # as asked: a number or "auto"
+    drafter_kind: str  # plain, model, ngram, suffix or hybrid ("auto" resolved)
+    verify: VerifyMode
+    min_draft_prob: float
+    verify_ms: Mapping[int, float]  # the target's measured verify costs (empty: a fixed k)
+    draft_ms: float  # the draft model's measured cost per token (0: none measured)
+    strict_note: str = ""
+
+
+class Generation:
+    """One `generate` call: iterate it for token ids; `stats` describes it while and after it runs."""
+
+    def __init__(self, tokens: Iterator[int], stats: GenerationStats, token_bytes: Callable[[int], bytes]):
+        self._tokens, self.stats, self._token_bytes = tokens, stats, token_bytes
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    def close(self) -> None:
+        """Stop generating (between tokens: the caches hold exactly what they list)."""
+        self._tokens.close()  # type: ignore[attr-defined]
+
+    def text(self) -> Iterator[str]:
+        """The generation as text pieces that never split a UTF-8 character."""
+        stream = TextStream(self._token_bytes)
+        try:
+            for token in self:
+                if piece := stream.push(token):
+                    yield piece
+            if rest := stream.flush():
+                yield rest
+        finally:
+            self.close()
+
+
+class Decoder(CompletionMixin):
+    """A config on a target (and a draft model): generates, many times. It closes nothing;
+    `SpeculativeDecoder` owns the models it loads."""
+
+    def __init__(self, config: DecoderConfig, target: KVModel, draft_model: KVModel | None):
+        self.config, self.target, self.draft_model = config, target, draft_model
+        self.drafter = self._make_drafter()
+        self.chat_format = ChatFormat(target)  # type: ignore[arg-type]
+        self.last: Generation | None = None
+
+    @property
+    def stats(self) -> GenerationStats:
+        """The latest generation's stats (empty before the first)."""
+        return self.last.stats if self.last is not None else GenerationStats()
+
+    @property
+    def strict_note(self) -> str:
+        return self.config.strict_note
+
+    def _make_drafter(self) -> Drafter | None:
+        config = self.config
+        kind, k = config.drafter_kind, config.k
+        if kind == "plain" or not k:
+            return None
+        auto = bool(config.verify_ms)
+        # Lookup drafts carry no calibrated confidence (one earlier occurrence reads as
+        # certain): k's ceiling is chosen up front from the acceptance so far, and the suffix
+        # drafter's own rule (match length, frequencies) drafts up to it.
+        lookup_policy = AdaptiveK(CostModel(config.verify_ms, LOOKUP_MS_PER_TOKEN), k) if auto else FixedK()
+        if kind == "ngram":
+            return NgramDrafter(policy=lookup_policy)
+        if kind == "suffix":
+            return SuffixDrafter(policy=lookup_policy)
+        assert self.draft_model is not None
+        if auto:
+            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms), k)
+        else:
+            model_policy = FixedK(config.min_draft_prob)
+        model_drafter = DraftModelDrafter(self.draft_model, model_policy)
+        if kind == "model":
+            return model_drafter
+        # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
+        return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
+
+    def with_models(self, target: KVModel, draft_model: KVModel | None) -> Decoder:
+        """This decoder's config on other models, with fresh drafter state: one decoder per
+        server slot, on that slot's sequence views."""
+        return Decoder(self.config, target, draft_model)
+
+    def reset(self) -> None:
+        """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.
+        (Reusing a cached prefix changes which batches the prompt is evaluated in, and with
+        it the floating-point result; comparisons between runs reset first.) The drafter starts
+        afresh too: no session history (suffix drafter) or learned acceptance carries over."""
+        self.target.reset()
+        if self.draft_model is not None:
+            self.draft_model.reset()
+        self.drafter = self._make_drafter()  # the old one's only resource is the draft model, kept
+
+    def prompt_tokens(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Raw text is tokenized as is (with BOS); `chat=True` wraps it as one user message."""
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if chat:
+            return self.chat_format.tokens([{"role": "user", "content": prompt}])
+        return self.target.tokenize(prompt)
+
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
+        return self.chat_format.tokens(messages)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams = SamplingParams(),
+        speculative: bool = True,
+        chat: bool = False,
+        trace: Trace | None = None,
+        k: int | None = None,
+    ) -> Generation:
+        """Token ids, lazily, with this generation's stats on the handle (and `self.stats`).
+        `k` lowers this call's longest draft below the decoder's (a per-request limit)."""
+        if k is not None and k <= 0:
+            raise LlamaSpecError(f"k must be at least 1, got {k}")
+        config = self.config
+        drafter = self.drafter if speculative else None
+        stats = GenerationStats(
+            mode="speculative" if drafter else "plain",
+            k=config.k_label if drafter else 0,
+            verify="greedy" if sampling.greedy else (config.verify if drafter else "sample"),
+        )
+        tokens = generate_tokens(
+            self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=min(k or config.k, config.k),
+            max_tokens=max_tokens, sampler=Sampler(sampling), verify=config.verify, stats=stats, trace=trace,
+        )
+        self.last = Generation(tokens, stats, self.target.token_bytes)
+        return self.last
+
+    def stream(self, prompt: str | Sequence[int], **options: object) -> Iterator[str]:
+        """Like generate, but yields text pieces that never split a UTF-8 character."""
+        return self.generate(prompt, **options).text()  # type: ignore[arg-type]
+
+    def generate_text(self, prompt: str | Sequence[int], **options: object) -> str:
+        return "".join(self.stream(prompt, **options))
+
+
+class SpeculativeDecoder(Decoder):
+    """Loads a target model plus a drafter; without one it decodes plainly.
 
     `drafter="model"` drafts with the `draft` GGUF, `"ngram"` by prompt lookup (no second
     model), `"suffix"` from a suffix trie over this decoder's contexts so far (no second
@@ -75,93 +231,34 @@ class SpeculativeDecoder:
             raise LlamaSpecError(f"the minimum draft probability must be between 0 and 1, got {min_draft_prob}")
         if verify not in ("rejection", "match"):
             raise LlamaSpecError(f"verify must be rejection or match, got {verify!r}")
-        self.k_label: int | str = k
-        self.k = k_max if k == "auto" else k
-        self.verify: VerifyMode = verify
-        self.target = Model(target, options)
-        self.draft_model: Model | None = None
-        self.strict_note = ""
-        self.min_draft_prob = min_draft_prob
-        self.drafter_kind = drafter
+        target_model = Model(target, options)
+        draft_model: Model | None = None
         try:
+            k_value, strict_note = k_max if k == "auto" else k, ""
             if strict:
-                self._apply_strict()
-            if drafter == "auto":
-                self.drafter_kind = "hybrid" if draft is not None else "plain"
-            if self.drafter_kind in ("model", "hybrid") and self.k:
+                max_k, strict_note = _strict_limit(target_model)
+                k_value = min(k_value, max_k)
+            kind = ("hybrid" if draft is not None else "plain") if drafter == "auto" else drafter
+            if kind in ("model", "hybrid") and k_value:
                 if draft is None:
-                    raise LlamaSpecError(f"the {self.drafter_kind} drafter needs a draft model")
+                    raise LlamaSpecError(f"the {kind} drafter needs a draft model")
                 # The draft stays local even when the target's layers are on RPC servers.
-                self.draft_model = Model(draft, dataclasses.replace(options, rpc_servers=()))
-                check_vocab_compatible(self.target, self.draft_model)
-            self._measure_costs(k == "auto")
-            self.drafter = self._make_drafter()
+                draft_model = Model(draft, dataclasses.replace(options, rpc_servers=()))
+                check_vocab_compatible(target_model, draft_model)
+            auto = k == "auto" and k_value > 0
+            config = DecoderConfig(
+                k=k_value, k_label=k, drafter_kind=kind, verify=verify, min_draft_prob=min_draft_prob,
+                # The adaptive policies' inputs, cached per model and machine.
+                verify_ms=eval_costs(target_model, list(range(1, k_value + 2))) if auto else {},
+                draft_ms=eval_costs(draft_model, [1])[1] if auto and draft_model else 0.0,
+                strict_note=strict_note,
+            )
+            super().__init__(config, target_model, draft_model)
         except BaseException:
-            self.close()
+            if draft_model is not None:
+                draft_model.close()
+            target_model.close()
             raise
-        self.chat_format = ChatFormat(self.target)
-        self.stats = GenerationStats()
-
-    def _apply_strict(self) -> None:
-        """Limit k to the verify sizes the audit found bit-exact on this model and build."""
-        from .audit import strict_max_k
-        from .prompts import load_prompts
-
-        prompts = [self.target.tokenize(p["prompt"]) for p in load_prompts(limit=3)]
-        max_k = strict_max_k(self.target, prompts)
-        self.k = min(self.k, max_k)
-        self.strict_note = (f"strict: verify sizes up to {max_k + 1} are bit-exact here, k <= {max_k}" if max_k else
-                            "strict: no verify size is bit-exact on this model and build, decoding plainly")
-
-    def _measure_costs(self, auto: bool) -> None:
-        """The adaptive policy's inputs (cached per model and machine); none for a fixed k."""
-        self.verify_ms = eval_costs(self.target, list(range(1, self.k + 2))) if auto and self.k else {}
-        self.draft_ms = eval_costs(self.draft_model, [1])[1] if auto and self.draft_model else 0.0
-
-    def _make_drafter(self) -> Drafter | None:
-        kind = self.drafter_kind
-        if kind == "plain" or not self.k:
-            return None
-
-        auto = bool(self.verify_ms)
-        # Lookup drafts carry no calibrated confidence (one earlier occurrence reads as
-        # certain): k's ceiling is chosen up front from the acceptance so far, and the suffix
-        # drafter's own rule (match length, frequencies) drafts up to it.
-        lookup_policy = AdaptiveK(CostModel(self.verify_ms, LOOKUP_MS_PER_TOKEN), self.k) if auto else FixedK()
-        if kind == "ngram":
-            return NgramDrafter(policy=lookup_policy)
-        if kind == "suffix":
-            return SuffixDrafter(policy=lookup_policy)
-        assert self.draft_model is not None
-        if auto:
-            model_policy: DraftPolicy = ConfidenceK(CostModel(self.verify_ms, self.draft_ms), self.k)
-        else:
-            model_policy = FixedK(self.min_draft_prob)
-        model_drafter = DraftModelDrafter(self.draft_model, model_policy)
-        if kind == "model":
-            return model_drafter
-        # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
-        return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
-
-    def with_models(self, target: KVModel, draft_model: KVModel | None) -> SpeculativeDecoder:
-        """This decoder's settings and measured costs on other Model objects, with fresh
-        drafter state: one decoder per server slot, on that slot's sequence views."""
-        other = copy.copy(self)
-        other.target, other.draft_model = target, draft_model
-        other.drafter = other._make_drafter()
-        other.chat_format = ChatFormat(target)
-        other.stats = GenerationStats()
-        return other
-
-    def reset(self) -> None:
-        """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.
-        (Reusing a cached prefix changes which batches the prompt is evaluated in, and with
-        it the floating-point result; comparisons between runs reset first.) The drafter starts
-        afresh too: no session history (suffix drafter) or learned acceptance carries over."""
-        self.target.reset()
-        if self.draft_model is not None:
-            self.draft_model.reset()
-        self.drafter = self._make_drafter()  # the old one's only resource is the draft model, kept
 
     def close(self) -> None:
         if self.draft_model is not None:
@@ -174,66 +271,14 @@ class SpeculativeDecoder:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def prompt_tokens(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-        """Raw text is tokenized as is (with BOS); `chat=True` wraps it as one user message."""
-        if not isinstance(prompt, str):
-            return list(prompt)
-        if chat:
-            return self.chat_format.tokens([{"role": "user", "content": prompt}])
-        return self.target.tokenize(prompt)
 
-    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
-        return self.chat_format.tokens(messages)
+def _strict_limit(target: Model) -> tuple[int, str]:
+    """The longest draft whose verify sizes the audit found bit-exact on this model and build."""
+    from .audit import strict_max_k
+    from .prompts import load_prompts
 
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int = 256,
-        sampling: SamplingParams = SamplingParams(),
-        speculative: bool = True,
-        chat: bool = False,
-        trace: Trace | None = None,
-        k: int | None = None,
-    ) -> Iterator[int]:
-        """Yield token ids; `self.stats` describes this generation while and after it runs.
-        `k` lowers this call's longest draft below the decoder's (a per-request limit)."""
-        if k is not None and k <= 0:
-            raise LlamaSpecError(f"k must be at least 1, got {k}")
-        drafter = self.drafter if speculative else None
-        self.stats = GenerationStats(
-            mode="speculative" if drafter else "plain",
-            k=self.k_label if drafter else 0,
-            verify="greedy" if sampling.greedy else (self.verify if drafter else "sample"),
-        )
-        return generate_tokens(
-            self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=min(k or self.k, self.k),
-            max_tokens=max_tokens, sampler=Sampler(sampling), verify=self.verify, stats=self.stats,
-            trace=trace,
-        )
-
-    def stream(self, prompt: str | Sequence[int], **options: object) -> Iterator[str]:
-        """Like generate, but yields text pieces that never split a UTF-8 character."""
-        text = TextStream(self.target.token_bytes)
-        for token in self.generate(prompt, **options):  # type: ignore[arg-type]
-            if piece := text.push(token):
-                yield piece
-        if rest := text.flush():
-            yield rest
-
-    def generate_text(self, prompt: str | Sequence[int], **options: object) -> str:
-        return "".join(self.stream(prompt, **options))
-
-    # llama-cpp-python's completion API (arguments and return values: llamaspec.openai_api),
-    # so code written for llama_cpp.Llama switches by changing the constructor line.
-    def create_completion(self, prompt: str | Sequence[int], **options: object) -> dict | Iterator[dict]:
-        from .openai_api import create_completion
-
-        return create_completion(self, prompt, **options)  # type: ignore[arg-type]
-
-    __call__ = create_completion
-
-    def create_chat_completion(self, messages: Sequence[Message], **options: object) -> dict | Iterator[dict]:
-        from .openai_api import create_chat_completion
-
-        return create_chat_completion(self, messages, **options)  # type: ignore[arg-type]
+    prompts = [target.tokenize(p["prompt"]) for p in load_prompts(limit=3)]
+    max_k = strict_max_k(target, prompts)
+    note = (f"strict: verify sizes up to {max_k + 1} are bit-exact here, k <= {max_k}" if max_k else
+            "strict: no verify size is bit-exact on this model and build, decoding plainly")
+    return max_k, note

@@ -1,25 +1,45 @@
-"""llama-cpp-python's completion API on a SpeculativeDecoder, so its users switch in one line.
+"""llama-cpp-python's completion API on a decoder, so its users switch in one line.
 
-`create_completion` and `create_chat_completion` take the same arguments (the sampling
-subset llamaspec implements) and return the same OpenAI-style dictionaries as
+`CompletionMixin.create_completion` and `create_chat_completion` take the same arguments (the
+sampling subset llamaspec implements) and return the same OpenAI-style dictionaries as
 `llama_cpp.Llama`, plus a "speculative" entry holding the generation's stats. Defaults are
-llama-cpp-python's, so the same call samples the same way (temperature 0 is greedy).
+llama-cpp-python's, so the same call samples the same way (temperature 0 is greedy). The
+decoder mixes this in; this module knows it only through the small protocol below.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
 from .errors import LlamaSpecError
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
     from .chat import Message
-    from .decoder import SpeculativeDecoder
+    from .kv import KVModel
+    from .stats import GenerationStats
 
 Chunk = dict[str, Any]
+
+
+class _Generation(Protocol):
+    stats: GenerationStats
+
+    def text(self) -> Iterator[str]: ...
+
+
+class _Decoder(Protocol):
+    """What the completion API needs of a decoder."""
+
+    target: KVModel
+
+    def prompt_tokens(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]: ...
+
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def generate(self, prompt: str | Sequence[int], **options: Any) -> _Generation: ...
 
 
 class StopStrings:
@@ -52,7 +72,7 @@ class StopStrings:
 class _Completion:
     """One generation: iterate for text pieces; finish_reason and usage are set once it ends."""
 
-    def __init__(self, decoder: SpeculativeDecoder, prompt: list[int], max_tokens: int | None,
+    def __init__(self, decoder: _Decoder, prompt: list[int], max_tokens: int | None,
                  sampling: SamplingParams, stop: str | Sequence[str] | None,
                  speculative: Mapping[str, Any] | None):
         self.decoder = decoder
@@ -63,10 +83,13 @@ class _Completion:
         self.stop = StopStrings(stop)
         self.options = speculative_options(speculative)
         self.finish_reason = "length"
+        self.stats: GenerationStats | None = None  # set when the generation starts
 
     def __iter__(self) -> Iterator[str]:
-        pieces = self.decoder.stream(self.prompt, max_tokens=self.max_tokens, sampling=self.sampling,
-                                     **self.options)
+        generation = self.decoder.generate(self.prompt, max_tokens=self.max_tokens, sampling=self.sampling,
+                                           **self.options)
+        self.stats = generation.stats
+        pieces = generation.text()
         try:
             for piece in pieces:
                 if text := self.stop.push(piece):
@@ -76,18 +99,18 @@ class _Completion:
                     return
             if rest := self.stop.flush():
                 yield rest
-            if self.decoder.stats.stop_reason == "eog":
+            if self.stats.stop_reason == "eog":
                 self.finish_reason = "stop"
         finally:
             pieces.close()  # type: ignore[attr-defined]
 
     def usage(self) -> dict[str, int]:
-        n_completion = self.decoder.stats.n_generated
+        n_completion = self.stats.n_generated if self.stats else 0
         return {"prompt_tokens": len(self.prompt), "completion_tokens": n_completion,
                 "total_tokens": len(self.prompt) + n_completion}
 
     def speculative(self) -> dict[str, Any]:
-        return self.decoder.stats.to_dict()
+        return self.stats.to_dict() if self.stats else {}
 
 
 def speculative_options(spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -105,7 +128,7 @@ def speculative_options(spec: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"speculative": enabled, "k": k}
 
 
-def _head(kind: str, decoder: SpeculativeDecoder, model: str | None) -> Chunk:
+def _head(kind: str, decoder: _Decoder, model: str | None) -> Chunk:
     return {"id": f"{kind}-{uuid.uuid4()}", "created": int(time.time()), "model": model or str(decoder.target.path)}
 
 
@@ -133,28 +156,6 @@ def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, repeat
                           repeat_penalty=repeat_penalty, seed=seed)
 
 
-def create_completion(
-    decoder: SpeculativeDecoder,
-    prompt: str | list[int],
-    max_tokens: int | None = 16,
-    temperature: float = 0.8,
-    top_p: float = 0.95,
-    top_k: int = 40,
-    min_p: float = 0.05,
-    repeat_penalty: float = 1.0,
-    seed: int | None = None,
-    stop: str | list[str] | None = None,
-    stream: bool = False,
-    model: str | None = None,
-    speculative: Mapping[str, Any] | None = None,
-) -> Chunk | Iterator[Chunk]:
-    """`Llama.create_completion`: a "text_completion" dict, or its chunks with stream=True."""
-    run = _Completion(decoder, decoder.prompt_tokens(prompt), max_tokens,
-                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
-    head = _head("cmpl", decoder, model)
-    return _text_chunks(run, head) if stream else _text_response(run, head)
-
-
 def _chat_chunks(run: _Completion, head: Chunk) -> Iterator[Chunk]:
     """llama-cpp-python's chat stream: a role delta, content deltas, then an empty delta."""
     head = {**head, "object": "chat.completion.chunk"}
@@ -175,25 +176,51 @@ def _chat_response(run: _Completion, head: Chunk) -> Chunk:
             "speculative": run.speculative()}
 
 
-def create_chat_completion(
-    decoder: SpeculativeDecoder,
-    messages: Sequence[Message],
-    max_tokens: int | None = None,
-    temperature: float = 0.2,
-    top_p: float = 0.95,
-    top_k: int = 40,
-    min_p: float = 0.05,
-    repeat_penalty: float = 1.0,
-    seed: int | None = None,
-    stop: str | list[str] | None = None,
-    stream: bool = False,
-    model: str | None = None,
-    speculative: Mapping[str, Any] | None = None,
-) -> Chunk | Iterator[Chunk]:
-    """`Llama.create_chat_completion` with the target's own chat template: a
-    "chat.completion" dict, or "chat.completion.chunk" dicts with stream=True. Successive
-    calls that extend one conversation reuse the KV cache for the shared prefix."""
-    run = _Completion(decoder, decoder.chat_tokens(messages), max_tokens,
-                      _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
-    head = _head("chatcmpl", decoder, model)
-    return _chat_chunks(run, head) if stream else _chat_response(run, head)
+class CompletionMixin:
+    """llama-cpp-python's `Llama` completion methods, for a decoder to inherit."""
+
+    def create_completion(
+        self: _Decoder,
+        prompt: str | list[int],
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | list[str] | None = None,
+        stream: bool = False,
+        model: str | None = None,
+        speculative: Mapping[str, Any] | None = None,
+    ) -> Chunk | Iterator[Chunk]:
+        """`Llama.create_completion`: a "text_completion" dict, or its chunks with stream=True."""
+        run = _Completion(self, self.prompt_tokens(prompt), max_tokens,
+                          _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
+        head = _head("cmpl", self, model)
+        return _text_chunks(run, head) if stream else _text_response(run, head)
+
+    __call__ = create_completion
+
+    def create_chat_completion(
+        self: _Decoder,
+        messages: Sequence[Message],
+        max_tokens: int | None = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | list[str] | None = None,
+        stream: bool = False,
+        model: str | None = None,
+        speculative: Mapping[str, Any] | None = None,
+    ) -> Chunk | Iterator[Chunk]:
+        """`Llama.create_chat_completion` with the target's own chat template: a
+        "chat.completion" dict, or "chat.completion.chunk" dicts with stream=True. Successive
+        calls that extend one conversation reuse the KV cache for the shared prefix."""
+        run = _Completion(self, self.chat_tokens(messages), max_tokens,
+                          _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
+        head = _head("chatcmpl", self, model)
+        return _chat_chunks(run, head) if stream else _chat_response(run, head)

@@ -198,6 +198,17 @@ def decoder(stories, truncated_draft) -> Iterator[SpeculativeDecoder]:
         yield decoder
 
 
+def test_each_generation_carries_its_own_stats_and_slot_decoders_share_the_config(decoder):
+    first = decoder.generate(STORY, max_tokens=6)
+    second = decoder.generate(STORY, max_tokens=3)
+    assert decoder.stats is second.stats  # the latest generation's, for the one-liner API
+    assert len(list(second)) == 3 and len(list(first)) == 6  # both made before either ran: neither overwrites the other
+    assert (first.stats.n_generated, second.stats.n_generated) == (6, 3)
+    other = decoder.with_models(decoder.target, decoder.draft_model)
+    assert other.config is decoder.config and other.drafter is not decoder.drafter
+    assert other.stats.n_generated == 0  # a fresh decoder has generated nothing yet
+
+
 def test_second_turn_evaluates_only_new_tokens_in_both_caches(decoder):
     session = ChatSession(decoder, system="You tell stories.", max_tokens=64)
     first = session.send(STORY)

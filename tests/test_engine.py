@@ -10,7 +10,8 @@ from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.errors import ContextFullError, VocabMismatchError
 from llamaspec.llama import Model, ModelOptions
-from llamaspec.speculative import GenerationStats, StepTrace, generate_tokens
+from llamaspec.speculative import StepTrace, generate_tokens
+from llamaspec.stats import GenerationStats
 
 OPTIONS = ModelOptions(n_ctx=512, n_threads=2)
 

@@ -7,7 +7,8 @@ import pytest
 
 from llamaspec.drafters import Draft
 from llamaspec.errors import ContextFullError, LlamaSpecError
-from llamaspec.speculative import GenerationStats, generate_tokens
+from llamaspec.speculative import generate_tokens
+from llamaspec.stats import GenerationStats
 
 EOS = 0
 VOCAB = 16

@@ -10,7 +10,7 @@ from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.gguf_tools import truncate_layers
 from llamaspec.llama import Model, ModelOptions
-from llamaspec.speculative import GenerationStats
+from llamaspec.stats import GenerationStats
 
 pytestmark = pytest.mark.slow
 OPTIONS = ModelOptions(n_ctx=2048, n_threads=2)

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..decoder import SpeculativeDecoder
+from ..decoder import Decoder
 from ..errors import LlamaSpecError
-from ..openai_api import create_chat_completion, create_completion, speculative_options
+from ..openai_api import speculative_options
 from .metrics import metrics_text
 from .schemas import ApiError, ChatBody, CompletionBody, GenerationBody, error_body
 from .slots import Engine, Metrics, SlotPool
@@ -107,7 +107,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         return PlainTextResponse(metrics_text(engine), media_type="text/plain; version=0.0.4")
 
     async def generation(request: Request, body_type: type[GenerationBody],
-                         prepare: Callable[[Any, SpeculativeDecoder], tuple[list[int], Callable[..., Any]]]) -> Response:
+                         prepare: Callable[[Any, Decoder], tuple[list[int], Callable[..., Any]]]) -> Response:
         body = await _read_body(request, body_type, config.max_body_bytes)
         decoder, pool = engine.ready()
         if body.model is not None and body.model != config.model_id:
@@ -133,14 +133,14 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
             options.setdefault("max_tokens", body.max_completion_tokens)
 
-        def job(slot_decoder: SpeculativeDecoder) -> Any:
+        def job(slot_decoder: Decoder) -> Any:
             return create(slot_decoder, stream=body.stream, **options)
 
         return await _respond(request, pool, job, len(prompt), body.stream)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        def prepare(body: CompletionBody, decoder: SpeculativeDecoder) -> tuple[list[int], Callable[..., Any]]:
+        def prepare(body: CompletionBody, decoder: Decoder) -> tuple[list[int], Callable[..., Any]]:
             prompt = body.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
                 if len(prompt) != 1:
@@ -148,8 +148,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
                 prompt = prompt[0]
             tokens = decoder.prompt_tokens(prompt)  # type: ignore[arg-type]
 
-            def create(slot_decoder: SpeculativeDecoder, **options: Any) -> Any:
-                return create_completion(slot_decoder, tokens, **options)
+            def create(slot_decoder: Decoder, **options: Any) -> Any:
+                return slot_decoder.create_completion(tokens, **options)
 
             return tokens, create
 
@@ -157,11 +157,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        def prepare(body: ChatBody, decoder: SpeculativeDecoder) -> tuple[list[int], Callable[..., Any]]:
+        def prepare(body: ChatBody, decoder: Decoder) -> tuple[list[int], Callable[..., Any]]:
             messages = [m.as_dict() for m in body.messages]
 
-            def create(slot_decoder: SpeculativeDecoder, **options: Any) -> Any:
-                return create_chat_completion(slot_decoder, messages, **options)
+            def create(slot_decoder: Decoder, **options: Any) -> Any:
+                return slot_decoder.create_chat_completion(messages, **options)
 
             return decoder.chat_tokens(messages), create
 
@@ -200,7 +200,7 @@ async def _read_body(request: Request, body_type: type[GenerationBody], limit: i
         raise ApiError(400, f"{where}: {first['msg']}", param=where) from None
 
 
-async def _respond(request: Request, pool: SlotPool, job: Callable[[SpeculativeDecoder], Any], n_prompt: int,
+async def _respond(request: Request, pool: SlotPool, job: Callable[[Decoder], Any], n_prompt: int,
                    stream: bool) -> Response:
     """Wait for a slot, run the job there, and answer: SSE chunks, or one JSON object."""
     slot = await pool.acquire()

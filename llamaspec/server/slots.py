@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..decoder import SpeculativeDecoder
+from ..decoder import Decoder, SpeculativeDecoder
 from ..errors import LlamaSpecError
-from ..speculative import GenerationStats
+from ..stats import GenerationStats
 from .schemas import ApiError
 from .shared_batch import Cancelled, SequenceView, SharedBatch
 
@@ -21,7 +21,7 @@ from .shared_batch import Cancelled, SequenceView, SharedBatch
 @dataclass
 class Slot:
     index: int
-    decoder: SpeculativeDecoder
+    decoder: Decoder
     views: list[SequenceView]
 
     def start(self) -> threading.Event:
@@ -92,7 +92,7 @@ class SlotPool:
             raise slot
         return slot
 
-    def run(self, slot: Slot, job: Callable[[SpeculativeDecoder], Any], n_prompt: int,
+    def run(self, slot: Slot, job: Callable[[Decoder], Any], n_prompt: int,
             emit: Callable[[str, Any], None]) -> None:
         """Start a worker thread: run `job` on the slot's decoder inside the shared batch,
         emit ("chunk", dict) for a stream (or ("result", dict)), ("error", ApiError) on
@@ -102,7 +102,7 @@ class SlotPool:
 
         def work() -> None:
             self.running[slot.index] = emit
-            slot.decoder.stats = GenerationStats()  # a job that fails early must not recount the last one
+            before = slot.decoder.last
             try:
                 with self.batch.working():
                     result = job(slot.decoder)
@@ -119,7 +119,8 @@ class SlotPool:
                 emit("error", ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
             finally:
                 self.running.pop(slot.index, None)
-                self.metrics.record(slot.decoder.stats, n_prompt)
+                latest = slot.decoder.last  # a job that failed before generating has none of its own
+                self.metrics.record(latest.stats if latest is not before and latest else GenerationStats(), n_prompt)
                 slot.clear()
                 emit("end", None)
                 self.threads.discard(threading.current_thread())
