@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import STORY_PROMPTS, run_cli
 
-from llamaspec.audit import BatchComparison, compare_batched, plain_with_rows, run_audit
+from llamaspec.audit import AuditReport, BatchComparison, compare_batched, plain_with_rows, run_audit
 from llamaspec.decoder import SpeculativeDecoder
 from llamaspec.llama import Model, ModelOptions
 
@@ -56,13 +56,22 @@ def test_comparison_of_identical_rows_is_bit_exact():
     assert not comparison.bit_identical and comparison.argmax_flips == 0
 
 
-def test_audit_report_strict_k_is_the_exact_prefix(stories):
+def test_audit_report_strict_k_stops_at_the_first_inexact_size():
+    rows = np.zeros((2, 8), dtype=np.float32)
+    exact, inexact = BatchComparison(), BatchComparison()
+    exact.add(rows, rows.copy())
+    inexact.add(rows + np.float32(1e-3), rows)
+    report = AuditReport("m", batches={2: exact, 3: exact, 4: inexact, 5: exact})
+    assert report.bit_exact_sizes() == [2, 3, 5]
+    assert report.max_exact_k() == 2  # size 5 is exact, but k = 4 would verify batches of 4
+    assert AuditReport("m", batches={2: inexact, 3: exact}).max_exact_k() == 0
+    assert AuditReport("m", batches={2: exact, 3: exact}).max_exact_k() == 2
+
+
+def test_audit_on_the_default_build_is_bit_exact_at_every_size(stories):
     with Model(stories, OPTIONS) as model:
         report = run_audit(model, [model.tokenize("The little dog")], 24, 5)
-    exact = report.bit_exact_sizes()
-    k = report.max_exact_k()
-    assert all(b in exact for b in range(2, k + 2))
-    assert k + 2 > 5 or (k + 2) not in exact
+    assert report.bit_exact_sizes() == [2, 3, 4, 5] and report.max_exact_k() == 4
 
 
 def test_strict_mode_equals_plain_for_every_k(stories, truncated_draft, tmp_path, monkeypatch):

@@ -276,12 +276,18 @@ def test_serve_survives_a_lost_rpc_server(stories, truncated_draft, two_servers,
         def request(name: str, stream: bool) -> None:
             answers[name] = httpx.post(server.url + "/v1/completions", json={**body, "stream": stream}, timeout=60)
 
+        def metric_reaches(name: str, value: float) -> None:  # /metrics answers while a slot is stuck
+            deadline = time.monotonic() + 30
+            while server.metrics()[name] != value:
+                assert time.monotonic() < deadline, (name, server.metrics())
+                time.sleep(0.05)
+
         running = threading.Thread(target=request, args=("running", True))
         running.start()
-        time.sleep(1.0)
+        metric_reaches("llamaspec_slots_busy", 1)  # in the slot, blocked in llama.cpp's RPC call
         queued = threading.Thread(target=request, args=("queued", False))
         queued.start()
-        time.sleep(1.0)
+        metric_reaches("llamaspec_queue_depth", 1)  # waiting for that slot
         assert "running" not in answers and "queued" not in answers
         broken = time.monotonic()
         victim.proc.kill()
