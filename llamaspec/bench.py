@@ -19,7 +19,7 @@ from . import __version__
 from .calibrate import eval_costs
 from .decoder import K_MAX, SpeculativeDecoder
 from .errors import LlamaSpecError
-from .llama import ModelOptions, system_info
+from .llama import ModelOptions, build_id, system_info
 from .models import sha256_cached
 from .policy import CostModel
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
@@ -158,6 +158,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             "strict": config.strict,
             "strict_note": strict_note,
             "build": system_info(),
+            "build_id": build_id(),
             "verify_ms_by_batch": verify_ms,
         },
         "prompts": records,

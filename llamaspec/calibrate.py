@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .llama import Model, system_info
+from .llama import Model, build_id, system_info
 from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -22,7 +22,7 @@ def settings_key(model: Model) -> str:
     the one place cached measurements (cost curves, strict-mode audits) are keyed by. The build
     is part of it: a patched or differently compiled llama.cpp has other costs and results."""
     options = model.options
-    return (f"{system_info()}|threads={options.n_threads}|fa={options.flash_attn}|repack={options.repack}"
+    return (f"{system_info()}|build={build_id()}|threads={options.n_threads}|fa={options.flash_attn}|repack={options.repack}"
             f"|n_batch={options.n_batch}|gpu={options.n_gpu_layers}|rpc={','.join(options.rpc_servers)}")
 
 

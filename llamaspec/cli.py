@@ -149,7 +149,7 @@ def audit(
 ) -> None:
     """Is batched verification bit-identical to plain decoding on this model and build?"""
     from .audit import run_audit
-    from .llama import Model, cpu_kernels, system_info
+    from .llama import Model, build_id, cpu_kernels, system_info
     from .prompts import load_prompts
 
     if batch_max < 2:
@@ -165,7 +165,7 @@ def audit(
         selected = [encode(p["prompt"]) for p in load_prompts(prompts, limit=limit)]
         report = run_audit(model, selected, max_tokens, batch_max).to_dict()
     report["meta"] = {"threads": threads, "flash_attn": flash_attn.value, "repack": repack, "build": system_info(),
-                      "kernels": cpu_kernels(), "prompts": len(selected), "max_tokens": max_tokens}
+                      "build_id": build_id(), "kernels": cpu_kernels(), "prompts": len(selected), "max_tokens": max_tokens}
     typer.echo(f"CPU kernels: {report['meta']['kernels']}")
     for size, row in report["batch_sizes"].items():
         typer.echo(f"batch {size:>2}: {'bit-exact' if row['bit_identical'] else 'differs  '}  "

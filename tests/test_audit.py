@@ -103,3 +103,24 @@ def test_cache_keys_tell_kernel_settings_apart(stories):
                                                           {"rpc_servers": "127.0.0.1:50052"})}
     assert len(strict) == 4  # RPC servers compute the offloaded layers with their own kernels
     assert _key(model(rpc_servers="127.0.0.1:50052"), [1, 2]) != base
+
+
+def test_cache_keys_change_with_the_kernel_build(stories, tmp_path, monkeypatch):
+    """A rebuilt llama.cpp (another cpp_patches/ revision) reports the same system info, yet its
+    kernels cost and round differently: the libraries' digest is part of every cache key."""
+    from types import SimpleNamespace
+
+    from llamaspec import calibrate
+    from llamaspec.llama import tools
+
+    model = SimpleNamespace(path=stories, options=ModelOptions(n_ctx=512))
+    assert tools.build_id() in calibrate._key(model, [1, 2])
+    library = tmp_path / "libggml-cpu.so"
+    monkeypatch.setattr(tools.ll.llama_cpp, "_base_path", tmp_path)
+    keys = []
+    for kernel in (b"one kernel", b"another kernel"):
+        library.write_bytes(kernel)
+        tools.build_id.cache_clear()
+        keys.append(calibrate._key(model, [1, 2]))
+    tools.build_id.cache_clear()
+    assert keys[0] != keys[1]

@@ -10,7 +10,7 @@ from conftest import run_cli
 from llamaspec.bench import first_divergence
 from llamaspec.decoder import K_MAX
 from llamaspec.errors import LlamaSpecError
-from llamaspec.llama import system_info
+from llamaspec.llama import build_id, system_info
 from llamaspec.prompts import load_prompts
 
 PER_PROMPT = {"id", "category", "n_prompt_tokens", "n_generated", "plain_tps", "speculative_tps", "speedup",
@@ -30,6 +30,7 @@ def test_bench_report_schema(stories, truncated_draft, tmp_path, drafter):
     meta = report["meta"]
     assert meta["threads"] == 2 and len(meta["target"]["sha256"]) == 64 and len(meta["draft"]["sha256"]) == 64
     assert meta["build"] == system_info()  # the build this process runs, not a placeholder
+    assert meta["build_id"] == build_id()
     assert set(meta["verify_ms_by_batch"]) == {str(n) for n in range(1, K_MAX + 2)}
     assert len(report["prompts"]) == 3
     for record in report["prompts"]:

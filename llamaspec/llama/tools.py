@@ -4,6 +4,8 @@ patched build's run-time kernel switch."""
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -60,6 +62,16 @@ def system_info() -> str:
     """The CPU features llama.cpp was compiled with (AVX2 = 1, ...): the build, in one line."""
     backend.init()
     return (ll.llama_print_system_info() or b"").decode("utf-8", "replace").strip()
+
+
+@functools.cache
+def build_id() -> str:
+    """A digest of the llama.cpp libraries this process runs: a rebuilt kernel (another
+    cpp_patches/ revision) changes costs and rounding without changing `system_info`."""
+    digest = hashlib.sha256()
+    for path in sorted({p.resolve() for p in Path(ll.llama_cpp._base_path).glob("*") if p.is_file()}):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cpu_kernels() -> str:
