@@ -15,6 +15,7 @@ from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
 N_CONTEXT = 64  # measure at a realistic cache depth, not at position 0
+MEASURE_METHOD = 2  # in the cache key: curves measured another way are measured again
 
 
 def settings_key(model: Model) -> str:
@@ -28,7 +29,8 @@ def settings_key(model: Model) -> str:
 
 def _key(model: Model, sizes: list[int]) -> str:
     stat = model.path.stat()
-    return f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{settings_key(model)}|sizes={','.join(map(str, sizes))}"
+    return (f"{model.path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|{settings_key(model)}|sizes={','.join(map(str, sizes))}"
+            f"|method={MEASURE_METHOD}")
 
 
 def filler_tokens(model: Model) -> list[int]:
@@ -36,27 +38,29 @@ def filler_tokens(model: Model) -> list[int]:
     return model.tokenize(_FILLER * 8, add_special=False)[:N_CONTEXT]
 
 
-def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 3) -> dict[int, float]:
-    """Median milliseconds of one `eval(all_logits=True)` of n tokens, for each n."""
+def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 5) -> dict[int, float]:
+    """Median milliseconds of one `eval(all_logits=True)` of n tokens, for each n.
+
+    The sizes take turns (1, 2, ..., 1, 2, ...) rather than being timed one after another, so a
+    slow stretch of a shared machine lands on every size a little instead of on one size: a
+    batch-1 cost inflated by 25 % once made batch 2 look cheap and the policy draft at a loss."""
     saved = list(model.tokens)
     base = filler_tokens(model)
     model.reset()
     model.eval(base)
     model.eval(base[: max(sizes)], all_logits=True)  # warm-up: first calls allocate
     model.rollback(len(base))
-    result = {}
-    for n in sizes:
-        times = []
-        for _ in range(repeats):
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
             start = time.perf_counter()
             model.eval(base[:n], all_logits=True)
-            times.append(time.perf_counter() - start)
+            times[n].append(time.perf_counter() - start)
             model.rollback(len(base))
-        result[n] = round(1000 * statistics.median(times), 2)
     model.reset()
     if saved:
         model.eval(saved)
-    return result
+    return {n: round(1000 * statistics.median(t), 2) for n, t in times.items()}
 
 
 def eval_costs(model: Model, sizes: list[int]) -> dict[int, float]:

@@ -124,3 +124,32 @@ def test_cache_keys_change_with_the_kernel_build(stories, tmp_path, monkeypatch)
         keys.append(calibrate._key(model, [1, 2]))
     tools.build_id.cache_clear()
     assert keys[0] != keys[1]
+
+
+def test_cost_curve_sizes_take_turns(monkeypatch):
+    """A slow stretch of the machine (here the first five timed evals) must not land on one batch
+    size: timed one size after another, batch 1 took all of it and looked 11x its cost."""
+    from llamaspec import calibrate
+
+    clock = {"now": 0.0, "timed": 0}
+
+    class FakeModel:
+        tokens: list[int] = []
+
+        def tokenize(self, text, add_special=False):
+            return list(range(100))
+
+        def reset(self):
+            pass
+
+        def rollback(self, n):
+            pass
+
+        def eval(self, tokens, all_logits=False):
+            if all_logits:
+                clock["timed"] += 1
+                slow = 2 <= clock["timed"] <= 6  # call 1 is the warm-up
+                clock["now"] += (len(tokens) + (10 if slow else 0)) / 1000
+
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock["now"])
+    assert calibrate.measure_eval_ms(FakeModel(), [1, 2, 3, 4]) == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
