@@ -7,6 +7,9 @@
    smallest top-2 margin seen (how close the model came to a tie).
 3. Speculative greedy decoding with a perfect drafter (it proposes the plain output) for
    each k reports where, if anywhere, the output first leaves the plain output.
+4. On the patched CPU build, the plain sequences are decoded once more with the single-row
+   kernels (stock llama.cpp's path for one token): the multi-row kernels decode one token too,
+   and this shows that plain decoding itself is unchanged, bit for bit.
 The result says which verify sizes are bit-exact, which `--strict` then restricts k to.
 """
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from .calibrate import settings_key
 from .drafters import Draft
-from .llama import Model
+from .llama import Model, single_row_kernels
 from .models import remembered, sha256_cached
 from .sampling import Sampler
 from .speculative import StepTrace, generate_tokens
@@ -93,6 +96,9 @@ class ScriptDrafter:
     def __init__(self, script: list[int]):
         self.script = script
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        pass
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         n = len(context)
         if list(context) != self.script[:n]:
@@ -111,6 +117,7 @@ class AuditReport:
     model: str
     batches: dict[int, BatchComparison] = field(default_factory=dict)
     speculative: dict[int, list[int | None]] = field(default_factory=dict)  # k -> first divergence per prompt
+    single_row: BatchComparison | None = None  # plain decoding against the single-row kernels (step 4)
 
     def bit_exact_sizes(self) -> list[int]:
         return [b for b, c in sorted(self.batches.items()) if c.bit_identical]
@@ -125,6 +132,18 @@ class AuditReport:
         return k
 
     def sentence(self) -> str:
+        return self._verify_sentence() + self._single_row_sentence()
+
+    def _single_row_sentence(self) -> str:
+        if self.single_row is None:
+            return ""
+        if self.single_row.bit_identical:
+            return (" Plain decoding is bit-identical to the single-row kernels (stock llama.cpp's path for "
+                    "one token).")
+        return (f" Plain decoding differs from the single-row kernels (max |delta logit| "
+                f"{self.single_row.max_abs_diff:.3g}): this build's output can differ from stock llama.cpp's.")
+
+    def _verify_sentence(self) -> str:
         exact = self.bit_exact_sizes()
         inexact = [b for b in sorted(self.batches) if b not in exact]
         if not inexact:
@@ -143,16 +162,25 @@ class AuditReport:
             "speculative_first_divergence": {str(k): v for k, v in sorted(self.speculative.items())},
             "bit_exact_sizes": self.bit_exact_sizes(),
             "strict_max_k": self.max_exact_k(),
+            "single_row_kernels": None if self.single_row is None else self.single_row.to_dict(),
             "summary": self.sentence(),
         }
 
 
-def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max: int) -> AuditReport:
+def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max: int,
+              single_row: bool = True) -> AuditReport:
+    """Steps 1-3 for every prompt, and step 4 where `single_row` and the model runs on the CPU."""
     report = AuditReport(model.path.name, {b: BatchComparison() for b in range(2, batch_max + 1)},
                          {k: [] for k in range(1, batch_max)})
+    single_row = single_row and model.options.n_gpu_layers == 0 and not model.options.rpc_servers
     for prompt in prompts:
         model.reset()
         plain, rows = plain_with_rows(model, prompt, max_tokens)
+        if single_row:
+            with single_row_kernels() as switched:
+                if switched:
+                    report.single_row = report.single_row or BatchComparison()
+                    compare_batched(model, prompt, plain, rows, 1, report.single_row)
         for batch, comparison in report.batches.items():
             compare_batched(model, prompt, plain, rows, batch, comparison)
         for k in report.speculative:
@@ -173,7 +201,7 @@ def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, b
     """The k --strict may use on this model + build + settings, audited once and cached.
     batch_max 16: the longest verify batch k = "auto" uses (K_MAX 15), all exact on the default build."""
     def audit() -> dict:
-        report = run_audit(model, prompts, max_tokens, batch_max)
+        report = run_audit(model, prompts, max_tokens, batch_max, single_row=False)
         return {"max_k": report.max_exact_k(), "summary": report.sentence()}
 
     return int(remembered("strict", strict_cache_key(model, batch_max), audit)["max_k"])

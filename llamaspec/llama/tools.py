@@ -3,12 +3,14 @@ patched build's run-time kernel switch."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import LlamaSpecError, ModelLoadError
 from . import backend
@@ -88,12 +90,12 @@ def cpu_kernels() -> str:
             "(other types per row)")
 
 
-def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: bool = False) -> bool:
+def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: int = 0) -> bool:
     """Switch the patched build's small-batch CPU kernels at run time, so stock and patched
     costs are measured side by side in one process: batch_invariant 0 = stock kernels, N = batches
     up to N computed row for row like a batch of one (multirow: with the multi-row kernels;
-    control: a deliberately different rounding on rows 1.., for tests). False on a build
-    without the switch (stock llama-cpp-python)."""
+    control, for tests: a deliberately different rounding on rows 1.. (1) or on every row (2)).
+    False on a build without the switch (stock llama-cpp-python)."""
     backend.init()
     setter = getattr(backend.ggml(), "ggml_cpu_batch_invariant_set", None)
     if setter is None:
@@ -101,3 +103,34 @@ def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: bool =
     setter.argtypes, setter.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int], None
     setter(batch_invariant, int(multirow), int(control))
     return True
+
+
+def cpu_kernel_settings() -> tuple[int, bool, int] | None:
+    """The patched build's kernel settings now (batch_invariant, multirow, control) as
+    set_cpu_kernels takes them; None on a build without the switch."""
+    backend.init()
+    lib = backend.ggml()
+    getters = [getattr(lib, f"ggml_cpu_{name}", None)
+               for name in ("batch_invariant_max", "multirow_enabled", "multirow_control")]
+    if None in getters:
+        return None
+    for getter in getters:
+        getter.argtypes, getter.restype = [], ctypes.c_int
+    batch_invariant, multirow, control = (getter() for getter in getters)
+    return batch_invariant, bool(multirow), control
+
+
+@contextlib.contextmanager
+def single_row_kernels() -> Iterator[bool]:
+    """The single-row kernels (the path stock llama.cpp decodes one token with) for the block,
+    then the settings as they were. Yields False when nothing is switched: a build without the
+    switch, or one that already runs without multi-row kernels."""
+    settings = cpu_kernel_settings()
+    if settings is None or not settings[1] or settings[0] < 1:
+        yield False
+        return
+    set_cpu_kernels(settings[0], multirow=False)
+    try:
+        yield True
+    finally:
+        set_cpu_kernels(*settings)
