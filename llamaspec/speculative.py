@@ -106,6 +106,8 @@ def generate_tokens(
     stats.n_prompt = len(context)
     started = time.perf_counter()
     stats.n_prompt_evaluated, pending_row = prefill(target, context)
+    if drafter:
+        drafter.prefill(context)
     stats.prefill_s = time.perf_counter() - started
     stats.stop_reason = "max_tokens"
     while stats.n_generated < max_tokens:

@@ -48,6 +48,9 @@ class ListDrafter:
         self.guesses = guesses
         self.observed: list[tuple[int, int]] = []
 
+    def prefill(self, prompt):
+        pass
+
     def propose(self, context, max_k, sampler):
         return Draft(self.guesses[len(context): len(context) + max_k])
 

@@ -169,6 +169,9 @@ class FixedDrafter:
     def __init__(self, tokens):
         self.tokens, self.observed = tokens, []
 
+    def prefill(self, prompt):
+        pass
+
     def propose(self, context, max_k, sampler):
         return Draft(self.tokens[:max_k])
 

@@ -24,6 +24,12 @@ class Draft:
 
 
 class Drafter(Protocol):
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Catch up with the prompt before the first step, so that work counts as prompt
+        processing (llama.cpp's speculative example decodes the prompt with both models before
+        it starts timing generation) and not as the first step's drafting."""
+        ...
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         """Up to max_k tokens likely to follow `context` (may return fewer, even none)."""
         ...

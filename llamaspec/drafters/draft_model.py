@@ -25,6 +25,13 @@ class DraftModelDrafter:
         self.model = model
         self.policy = policy or FixedK()
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """The prompt but its last token, which the first step evaluates for its logits."""
+        n_keep = common_prefix_len(self.model.tokens, prompt[:-1])
+        self.model.rollback(n_keep)
+        if n_keep < len(prompt) - 1:
+            self.model.eval(prompt[n_keep:-1])
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         model, policy = self.model, self.policy
         history = list(context)

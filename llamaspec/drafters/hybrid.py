@@ -19,6 +19,10 @@ class HybridDrafter:
         self.min_tokens = min_tokens
         self._last: Drafter | None = None
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.lookup.prefill(prompt)
+        self.model.prefill(prompt)
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         draft = self.lookup.propose(context, max_k, sampler)
         if len(draft.tokens) >= min(self.min_tokens, max_k):

@@ -44,6 +44,9 @@ class NgramDrafter:
                 return list(self._tokens[end : end + max_k])
         return []
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self._sync(prompt)
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         max_k = self.policy.begin(max_k)
         return Draft(self.lookup(context, max_k) if max_k > 0 else [])

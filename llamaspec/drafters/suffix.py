@@ -188,6 +188,9 @@ class SuffixDrafter:
                 tokens, best_score = draft, score
         return tokens
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self._sync(prompt)
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         max_k = self.policy.begin(max_k)
         tokens = self.lookup(context, max_k)  # synced even when not drafting: the cost stays even
