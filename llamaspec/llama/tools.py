@@ -10,7 +10,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import LlamaSpecError, ModelLoadError
 from . import backend
@@ -90,17 +90,24 @@ def cpu_kernels() -> str:
             "(other types per row)")
 
 
+def _kernel_switch(name: str, argtypes: list, restype: type | None) -> Callable | None:
+    """The patched build's ggml_cpu_<name>, typed; None on a build without it (stock)."""
+    backend.init()
+    function = getattr(backend.ggml(), f"ggml_cpu_{name}", None)
+    if function is not None:
+        function.argtypes, function.restype = argtypes, restype
+    return function
+
+
 def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: int = 0) -> bool:
     """Switch the patched build's small-batch CPU kernels at run time, so stock and patched
     costs are measured side by side in one process: batch_invariant 0 = stock kernels, N = batches
     up to N computed row for row like a batch of one (multirow: with the multi-row kernels;
     control, for tests: a deliberately different rounding on rows 1.. (1) or on every row (2)).
     False on a build without the switch (stock llama-cpp-python)."""
-    backend.init()
-    setter = getattr(backend.ggml(), "ggml_cpu_batch_invariant_set", None)
+    setter = _kernel_switch("batch_invariant_set", [ctypes.c_int] * 3, None)
     if setter is None:
         return False
-    setter.argtypes, setter.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int], None
     setter(batch_invariant, int(multirow), int(control))
     return True
 
@@ -108,14 +115,10 @@ def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: int = 
 def cpu_kernel_settings() -> tuple[int, bool, int] | None:
     """The patched build's kernel settings now (batch_invariant, multirow, control) as
     set_cpu_kernels takes them; None on a build without the switch."""
-    backend.init()
-    lib = backend.ggml()
-    getters = [getattr(lib, f"ggml_cpu_{name}", None)
+    getters = [_kernel_switch(name, [], ctypes.c_int)
                for name in ("batch_invariant_max", "multirow_enabled", "multirow_control")]
     if None in getters:
         return None
-    for getter in getters:
-        getter.argtypes, getter.restype = [], ctypes.c_int
     batch_invariant, multirow, control = (getter() for getter in getters)
     return batch_invariant, bool(multirow), control
 
