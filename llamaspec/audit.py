@@ -7,9 +7,10 @@
    smallest top-2 margin seen (how close the model came to a tie).
 3. Speculative greedy decoding with a perfect drafter (it proposes the plain output) for
    each k reports where, if anywhere, the output first leaves the plain output.
-4. On the patched CPU build, the plain sequences are decoded once more with the single-row
-   kernels (stock llama.cpp's path for one token): the multi-row kernels decode one token too,
-   and this shows that plain decoding itself is unchanged, bit for bit.
+4. On the patched CPU build, the plain sequences are decoded once more with the other batch-1
+   kernel (the multi-row kernels can decode one token too, where that is faster, and the
+   single-row kernels are stock llama.cpp's path): both must give the same logits, bit for bit,
+   so plain decoding is unchanged whichever runs.
 The result says which verify sizes are bit-exact, which `--strict` then restricts k to.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from .calibrate import settings_key
 from .drafters import Draft
-from .llama import Model, single_row_kernels
+from .llama import Model, other_batch1_kernels
 from .models import remembered, sha256_cached
 from .sampling import Sampler
 from .speculative import StepTrace, generate_tokens
@@ -117,7 +118,7 @@ class AuditReport:
     model: str
     batches: dict[int, BatchComparison] = field(default_factory=dict)
     speculative: dict[int, list[int | None]] = field(default_factory=dict)  # k -> first divergence per prompt
-    single_row: BatchComparison | None = None  # plain decoding against the single-row kernels (step 4)
+    batch1: BatchComparison | None = None  # batch 1, multi-row against single-row kernels (step 4)
 
     def bit_exact_sizes(self) -> list[int]:
         return [b for b, c in sorted(self.batches.items()) if c.bit_identical]
@@ -132,16 +133,16 @@ class AuditReport:
         return k
 
     def sentence(self) -> str:
-        return self._verify_sentence() + self._single_row_sentence()
+        return self._verify_sentence() + self._batch1_sentence()
 
-    def _single_row_sentence(self) -> str:
-        if self.single_row is None:
+    def _batch1_sentence(self) -> str:
+        if self.batch1 is None:
             return ""
-        if self.single_row.bit_identical:
-            return (" Plain decoding is bit-identical to the single-row kernels (stock llama.cpp's path for "
-                    "one token).")
-        return (f" Plain decoding differs from the single-row kernels (max |delta logit| "
-                f"{self.single_row.max_abs_diff:.3g}): this build's output can differ from stock llama.cpp's.")
+        if self.batch1.bit_identical:
+            return (" Batch 1 is bit-identical with the multi-row and the single-row kernels (stock llama.cpp's "
+                    "path for one token).")
+        return (f" Batch 1 differs between the multi-row and the single-row kernels (max |delta logit| "
+                f"{self.batch1.max_abs_diff:.3g}): this build's output can differ from stock llama.cpp's.")
 
     def _verify_sentence(self) -> str:
         exact = self.bit_exact_sizes()
@@ -162,25 +163,25 @@ class AuditReport:
             "speculative_first_divergence": {str(k): v for k, v in sorted(self.speculative.items())},
             "bit_exact_sizes": self.bit_exact_sizes(),
             "strict_max_k": self.max_exact_k(),
-            "single_row_kernels": None if self.single_row is None else self.single_row.to_dict(),
+            "batch1_kernels": None if self.batch1 is None else self.batch1.to_dict(),
             "summary": self.sentence(),
         }
 
 
 def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max: int,
-              single_row: bool = True) -> AuditReport:
-    """Steps 1-3 for every prompt, and step 4 where `single_row` and the model runs on the CPU."""
+              batch1: bool = True) -> AuditReport:
+    """Steps 1-3 for every prompt, and step 4 where `batch1` and the model runs on the CPU."""
     report = AuditReport(model.path.name, {b: BatchComparison() for b in range(2, batch_max + 1)},
                          {k: [] for k in range(1, batch_max)})
-    single_row = single_row and model.options.n_gpu_layers == 0 and not model.options.rpc_servers
+    batch1 = batch1 and model.options.n_gpu_layers == 0 and not model.options.rpc_servers
     for prompt in prompts:
         model.reset()
         plain, rows = plain_with_rows(model, prompt, max_tokens)
-        if single_row:
-            with single_row_kernels() as switched:
+        if batch1:
+            with other_batch1_kernels() as switched:
                 if switched:
-                    report.single_row = report.single_row or BatchComparison()
-                    compare_batched(model, prompt, plain, rows, 1, report.single_row)
+                    report.batch1 = report.batch1 or BatchComparison()
+                    compare_batched(model, prompt, plain, rows, 1, report.batch1)
         for batch, comparison in report.batches.items():
             compare_batched(model, prompt, plain, rows, batch, comparison)
         for k in report.speculative:
@@ -201,7 +202,7 @@ def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, b
     """The k --strict may use on this model + build + settings, audited once and cached.
     batch_max 16: the longest verify batch k = "auto" uses (K_MAX 15), all exact on the default build."""
     def audit() -> dict:
-        report = run_audit(model, prompts, max_tokens, batch_max, single_row=False)
+        report = run_audit(model, prompts, max_tokens, batch_max, batch1=False)
         return {"max_k": report.max_exact_k(), "summary": report.sentence()}
 
     return int(remembered("strict", strict_cache_key(model, batch_max), audit)["max_k"])

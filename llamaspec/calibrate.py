@@ -7,10 +7,12 @@ build, thread count and flash-attention setting, since they change with any of t
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from typing import Sequence
 
-from .llama import Model, build_id, system_info
+from .llama import Model, Multirow, build_id, cpu_kernel_settings, set_cpu_kernels, system_info
 from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -23,8 +25,9 @@ def settings_key(model: Model) -> str:
     the one place cached measurements (cost curves, strict-mode audits) are keyed by. The build
     is part of it: a patched or differently compiled llama.cpp has other costs and results."""
     options = model.options
-    return (f"{system_info()}|build={build_id()}|threads={options.n_threads}|fa={options.flash_attn}|repack={options.repack}"
-            f"|n_batch={options.n_batch}|gpu={options.n_gpu_layers}|rpc={','.join(options.rpc_servers)}")
+    return (f"{system_info()}|build={build_id()}|kernels={cpu_kernel_settings()}|threads={options.n_threads}"
+            f"|fa={options.flash_attn}|repack={options.repack}|n_batch={options.n_batch}|gpu={options.n_gpu_layers}"
+            f"|rpc={','.join(options.rpc_servers)}")
 
 
 def _key(model: Model, sizes: list[int]) -> str:
@@ -67,3 +70,48 @@ def eval_costs(model: Model, sizes: list[int]) -> dict[int, float]:
     """measure_eval_ms, remembered across runs."""
     costs = remembered("costs", _key(model, sizes), lambda: measure_eval_ms(model, sizes))
     return {int(n): float(ms) for n, ms in costs.items()}
+
+
+def choose_batch1_kernels(models: Sequence[Model], repeats: int = 7) -> Multirow | None:
+    """Decode single tokens with whichever batch-1 kernel is faster for these models here, and
+    return it. Both are bit-identical (the audit proves it), only speed differs by CPU: on an
+    Intel Xeon the multi-row kernels' prefetch made a token 13 % cheaper, on a Zen 4 their extra
+    unpacking made it about 20 % dearer. Measured once per models and settings (both kernels taking
+    turns), remembered. None where there is no choice: a build without the multi-row kernels,
+    stock or per-row kernels, models off this CPU, or GGML_CPU_MULTIROW set by the user (then it
+    stands)."""
+    models = [model for model in models if model.options.n_gpu_layers == 0 and not model.options.rpc_servers]
+    settings = cpu_kernel_settings()
+    if (not models or settings is None or settings[0] < 1 or settings[1] == Multirow.OFF
+            or "MULTIROW = none" in system_info() or os.environ.get("GGML_CPU_MULTIROW")):
+        return None
+    batch_invariant, _, control = settings
+    candidates = (Multirow.BATCHES, Multirow.ALL)
+
+    def measure() -> int:
+        times: dict[Multirow, list[float]] = {mode: [] for mode in candidates}
+        saved = [list(model.tokens) for model in models]
+        bases = [filler_tokens(model) for model in models]
+        for model, base in zip(models, bases):
+            model.reset()
+            model.eval(base)
+        for round_ in range(repeats + 1):  # round 0 warms up
+            for mode in candidates:
+                set_cpu_kernels(batch_invariant, mode, control)
+                start = time.perf_counter()
+                for model, base in zip(models, bases):
+                    model.eval(base[:1], all_logits=True)
+                    model.rollback(len(base))
+                if round_:
+                    times[mode].append(time.perf_counter() - start)
+        for model, tokens in zip(models, saved):
+            model.reset()
+            if tokens:
+                model.eval(tokens)
+        return int(min(candidates, key=lambda mode: statistics.median(times[mode])))
+
+    set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)  # one key, whichever ran before
+    key = "|".join(_key(model, [1]) for model in models)
+    mode = Multirow(remembered("batch1_kernels", key, measure))
+    set_cpu_kernels(batch_invariant, mode, control)
+    return mode

@@ -171,9 +171,9 @@ def audit(
         typer.echo(f"batch {size:>2}: {'bit-exact' if row['bit_identical'] else 'differs  '}  "
                    f"max |d| {row['max_abs_diff']:.3g}  argmax flips {row['argmax_flips']}/{row['rows_compared']}  "
                    f"min top-2 margin {row['min_top2_margin']:.3g}")
-    if (single := report["single_row_kernels"]) is not None:
-        typer.echo(f"batch  1 against the single-row kernels: {'bit-exact' if single['bit_identical'] else 'differs'}  "
-                   f"max |d| {single['max_abs_diff']:.3g}  rows {single['rows_compared']}")
+    if (batch1 := report["batch1_kernels"]) is not None:
+        typer.echo(f"batch  1, multi-row against single-row kernels: {'bit-exact' if batch1['bit_identical'] else 'differs'}"
+                   f"  max |d| {batch1['max_abs_diff']:.3g}  rows {batch1['rows_compared']}")
     for k, divergences in report["speculative_first_divergence"].items():
         typer.echo(f"speculative k={k}: first divergence per prompt {divergences}")
     typer.echo(report["summary"])

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Mapping, Sequence
 
-from .calibrate import eval_costs
+from .calibrate import choose_batch1_kernels, eval_costs
 from .chat import ChatFormat, Message
 from .compat import check_vocab_compatible
 from .drafters import Drafter
@@ -245,6 +245,7 @@ class SpeculativeDecoder(Decoder):
                 # The draft stays local even when the target's layers are on RPC servers.
                 draft_model = Model(draft, dataclasses.replace(options, rpc_servers=()))
                 check_vocab_compatible(target_model, draft_model)
+            choose_batch1_kernels([target_model] + ([draft_model] if draft_model else []))
             auto = k == "auto" and k_value > 0
             config = DecoderConfig(
                 k=k_value, k_label=k, drafter_kind=kind, verify=verify, min_draft_prob=min_draft_prob,

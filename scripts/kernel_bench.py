@@ -7,9 +7,12 @@ machine hits all of them alike:
 
   stock     GGML_CPU_BATCH_INVARIANT=0: llama.cpp's own kernels (sgemm, repacked gemm, ...)
   per-row   batch-invariant, every row its own gemv / vec_dot (cpp_patches/0001)
-  multirow  batch-invariant with the multi-row kernels (cpp_patches/0002; the default build)
+  multirow  batch-invariant with the multi-row kernels (cpp_patches/0002; the default build),
+            a batch of 1 included
 
-Printed: ms per eval and the ratio to n = 1 for each mode; the achieved weight bandwidth at
+Printed: ms per eval and the ratio to n = 1 for each mode; for multirow also the ratio to the
+faster batch-1 kernel (single-row, per-row's n = 1, or multi-row), the one llamaspec decodes
+with (calibrate.choose_batch1_kernels), so a verify batch's true cost; the achieved weight bandwidth at
 n = 1 (GB/s: matmul weight bytes read per token / time) and the effective int8 multiply-add
 rate at n = 16 (GMAC/s: 16 x weight elements / time) — the two physical limits.
 
@@ -31,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llamaspec.calibrate import N_CONTEXT, filler_tokens  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.errors import LlamaSpecError  # noqa: E402
-from llamaspec.llama import Model, ModelOptions, set_cpu_kernels, system_info  # noqa: E402
+from llamaspec.llama import Model, ModelOptions, Multirow, set_cpu_kernels, system_info  # noqa: E402
 from llamaspec.models import DEFAULT_TARGET, sha256_cached  # noqa: E402
 
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16]
-MODES = {"stock": (0, False), "per-row": (16, False), "multirow": (16, True)}
+MODES = {"stock": (0, Multirow.OFF), "per-row": (16, Multirow.OFF), "multirow": (16, Multirow.ALL)}
 
 
 def matmul_weights(path: Path) -> tuple[int, int]:
@@ -49,7 +52,7 @@ def matmul_weights(path: Path) -> tuple[int, int]:
     return sum(int(t.n_bytes) for t in used), sum(int(t.n_elements) for t in used)
 
 
-def measure(model: Model, modes: dict[str, tuple[int, bool]], repeats: int) -> dict[str, dict[int, float]]:
+def measure(model: Model, modes: dict[str, tuple[int, Multirow]], repeats: int) -> dict[str, dict[int, float]]:
     base = filler_tokens(model)
     model.reset()
     model.eval(base)
@@ -64,7 +67,7 @@ def measure(model: Model, modes: dict[str, tuple[int, bool]], repeats: int) -> d
                 model.rollback(len(base))
                 if round_:
                     times[mode][n].append(elapsed)
-    set_cpu_kernels(16, True)
+    set_cpu_kernels(16)
     return {mode: {n: round(1000 * statistics.median(t), 2) for n, t in by_n.items()} for mode, by_n in times.items()}
 
 
@@ -80,7 +83,7 @@ def main() -> int:
         return 2
     try:
         path = resolve_model(args.target or DEFAULT_TARGET)
-        if not set_cpu_kernels(16, True):
+        if not set_cpu_kernels(16):
             raise LlamaSpecError("this llama-cpp-python has no kernel switch: it is not the patched build "
                                  "(scripts/install.sh builds it; LLAMASPEC_STOCK=1 builds stock)")
         with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512)) as model:
@@ -97,11 +100,13 @@ def main() -> int:
         "gmac_per_s_at_16": {mode: round(16 * weight_elements / (by_n[16] / 1000) / 1e9, 1)
                              for mode, by_n in costs.items()},
     }
+    best_1 = min(costs["per-row"][1], costs["multirow"][1])
+    report["multirow_ratio_to_faster_1"] = {n: round(ms / best_1, 3) for n, ms in costs["multirow"].items()}
     print(f"{path.name}, {args.threads} threads, median of {args.repeats}; ms per eval (ratio to n = 1)")
-    print("n".rjust(4) + "".join(mode.rjust(20) for mode in MODES))
+    print("n".rjust(4) + "".join(mode.rjust(20) for mode in MODES) + "  multirow / faster n=1")
     for n in SIZES:
         print(str(n).rjust(4) + "".join(f"{costs[m][n]:10.1f} ({report['ratio_to_1'][m][n]:5.2f}x)".rjust(20)
-                                        for m in MODES))
+                                        for m in MODES) + f"{report['multirow_ratio_to_faster_1'][n]:20.2f}x")
     print("GB/s at n = 1:    " + "  ".join(f"{m} {v}" for m, v in report["gb_per_s_at_1"].items()))
     print("GMAC/s at n = 16: " + "  ".join(f"{m} {v}" for m, v in report["gmac_per_s_at_16"].items()))
     if args.json:

@@ -68,17 +68,17 @@ def test_audit_report_strict_k_stops_at_the_first_inexact_size():
     assert AuditReport("m", batches={2: exact, 3: exact}).max_exact_k() == 2
 
 
-def test_audit_report_says_whether_plain_decoding_matches_the_single_row_kernels():
+def test_audit_report_says_whether_batch_1_matches_across_kernels():
     rows = np.zeros((2, 8), dtype=np.float32)
     exact, inexact = BatchComparison(), BatchComparison()
     exact.add(rows, rows.copy())
     inexact.add(rows + np.float32(1e-3), rows)
     assert "single-row" not in AuditReport("m", batches={2: exact}).sentence()  # not checked: not said
-    same = AuditReport("m", batches={2: exact}, single_row=exact)
-    assert "Plain decoding is bit-identical to the single-row kernels" in same.sentence()
-    assert same.to_dict()["single_row_kernels"]["bit_identical"]
-    differs = AuditReport("m", batches={2: exact}, single_row=inexact).sentence()
-    assert "Plain decoding differs from the single-row kernels (max |delta logit| 0.001)" in differs
+    same = AuditReport("m", batches={2: exact}, batch1=exact)
+    assert "Batch 1 is bit-identical with the multi-row and the single-row kernels" in same.sentence()
+    assert same.to_dict()["batch1_kernels"]["bit_identical"]
+    differs = AuditReport("m", batches={2: exact}, batch1=inexact).sentence()
+    assert "Batch 1 differs between the multi-row and the single-row kernels (max |delta logit| 0.001)" in differs
 
 
 def test_audit_on_the_default_build_is_bit_exact_at_every_size(stories):

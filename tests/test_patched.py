@@ -5,9 +5,10 @@ Runs `llamaspec audit` in a subprocess (each with its own kernel environment). T
 tests quantize a random 256-wide model to one type per tensor (Q4_K, Q6_K, Q4_0, Q8_0, F16),
 so every matmul runs that type's kernel at batches 1..16 (tiles of up to 16 rows, groups and odd
 tails), at 1 and 2 threads; a control run with another reduction order or rounding on all but the
-first row of a tile must be caught, so the comparison has power. Plain decoding runs the multi-row
-kernels too: the audit compares it with the single-row kernels (stock llama.cpp's path for one
-token), and a control that rounds every row another way must be caught there.
+first row of a tile must be caught, so the comparison has power. A batch of 1 can run the multi-row
+kernels too (where the CPU decodes faster with them): the audit compares batch 1 across the two
+kernels (the single-row one is stock llama.cpp's path for one token), under both settings, and a
+control that rounds every multi-row row another way must be caught there.
 The Gemma 3 270M cases are marked slow (they fetch the model on first use, like tests/test_slow.py).
 """
 
@@ -127,13 +128,15 @@ def test_system_info_names_the_multirow_kernels():
         assert "Q4_K" not in cpu_kernels()
 
 
+@pytest.mark.parametrize("batch1", ["1", "2"])  # GGML_CPU_MULTIROW: batch 1 multi-row, or single-row
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("quant", KERNEL_TYPES)
-def test_kernels_bit_exact_at_every_batch(tmp_path, kernel_models, quant, threads):
-    report = audit(tmp_path, kernel_models[quant], "--threads", str(threads), max_tokens=24)
+def test_kernels_bit_exact_at_every_batch(tmp_path, kernel_models, quant, threads, batch1):
+    report = audit(tmp_path, kernel_models[quant], "--threads", str(threads), max_tokens=24,
+                   env={"GGML_CPU_MULTIROW": batch1})
     assert_bit_exact(report)
-    single = report["single_row_kernels"]
-    assert single["bit_identical"] and single["rows_compared"] > 0, single
+    batch1_kernels = report["batch1_kernels"]
+    assert batch1_kernels["bit_identical"] and batch1_kernels["rows_compared"] > 0, batch1_kernels
     if " AVX2 = 1" in system_info():
         assert MULTIROW_TYPES[quant] in report["meta"]["kernels"]
 
@@ -148,22 +151,28 @@ def test_multirow_control_rounding_is_caught(tmp_path, kernel_models, quant):
     report = audit(tmp_path, kernel_models[quant], env={"GGML_CPU_MULTIROW_CONTROL": "1"}, max_tokens=24)
     assert report["bit_exact_sizes"] == [], report["summary"]
     assert all(row["rows_different"] > 0 for row in report["batch_sizes"].values())
-    assert report["single_row_kernels"]["bit_identical"]  # row 0, a batch of 1, is left alone
+    assert report["batch1_kernels"]["bit_identical"]  # row 0, a batch of 1, is left alone
 
 
 @pytest.mark.parametrize("quant", KERNEL_TYPES)
-def test_multirow_control_on_every_row_is_caught_against_single_row(tmp_path, kernel_models, quant):
+@pytest.mark.parametrize("batch1", ["1", "2"])
+def test_multirow_control_on_every_row_is_caught_at_batch_1(tmp_path, kernel_models, quant, batch1):
     """GGML_CPU_MULTIROW_CONTROL=2 rounds every row of the multi-row kernels another way, a batch
-    of 1 included: batches then agree with each other, and only the comparison of plain decoding
-    with the single-row kernels can see it. It must: plain decoding really runs this type's
-    multi-row kernel, and that comparison has power."""
+    of 1 included. With batch 1 on the multi-row kernels (GGML_CPU_MULTIROW=1) batches then agree
+    with each other; with batch 1 on the single-row kernels (2) they all differ from it. Either
+    way the audit's batch-1 comparison of the two kernels must see it: batch 1 really runs this
+    type's multi-row kernel under the setting that says so, and that comparison has power."""
     if " AVX2 = 1" not in system_info():
         pytest.skip("no multi-row kernels on this CPU")
-    report = audit(tmp_path, kernel_models[quant], env={"GGML_CPU_MULTIROW_CONTROL": "2"}, max_tokens=24)
-    assert_bit_exact(report)
-    single = report["single_row_kernels"]
-    assert not single["bit_identical"] and single["rows_different"] == single["rows_compared"] > 0, single
-    assert "Plain decoding differs from the single-row kernels" in report["summary"]
+    report = audit(tmp_path, kernel_models[quant], env={"GGML_CPU_MULTIROW_CONTROL": "2", "GGML_CPU_MULTIROW": batch1},
+                   max_tokens=24)
+    if batch1 == "1":
+        assert_bit_exact(report)
+    else:
+        assert report["bit_exact_sizes"] == [], report["summary"]
+    compared = report["batch1_kernels"]
+    assert not compared["bit_identical"] and compared["rows_different"] == compared["rows_compared"] > 0, compared
+    assert "Batch 1 differs between the multi-row and the single-row kernels" in report["summary"]
 
 
 def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
@@ -171,5 +180,5 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     gemm) differs from batch 1 — the difference the patches remove."""
     report = audit(tmp_path, kernel_models["q4_k_s"], env={"GGML_CPU_BATCH_INVARIANT": "0"}, max_tokens=24)
     assert "stock kernels" in report["meta"]["kernels"]
-    assert report["single_row_kernels"] is None  # stock kernels decode one token with the single-row ones
+    assert report["batch1_kernels"] is None  # stock kernels decode one token with the single-row ones
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]

@@ -8,8 +8,9 @@ it; `rpc` places a model's layers on rpc-servers; `tools` re-quantizes and repor
 from .model import Model
 from .options import ModelOptions
 from .rpc import set_rpc_failure_handler
-from .tools import (HEAD_TYPES, QUANT_TYPES, build_id, cpu_kernel_settings, cpu_kernels, quantize, set_cpu_kernels,
-                    single_row_kernels, system_info)
+from .tools import (HEAD_TYPES, QUANT_TYPES, Multirow, build_id, cpu_kernel_settings, cpu_kernels,
+                    other_batch1_kernels, quantize, set_cpu_kernels, system_info)
 
-__all__ = ["HEAD_TYPES", "QUANT_TYPES", "Model", "ModelOptions", "build_id", "cpu_kernel_settings", "cpu_kernels",
-           "quantize", "set_cpu_kernels", "set_rpc_failure_handler", "single_row_kernels", "system_info"]
+__all__ = ["HEAD_TYPES", "QUANT_TYPES", "Model", "ModelOptions", "Multirow", "build_id", "cpu_kernel_settings",
+           "cpu_kernels", "other_batch1_kernels", "quantize", "set_cpu_kernels", "set_rpc_failure_handler",
+           "system_info"]

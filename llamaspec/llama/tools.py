@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import enum
 import functools
 import hashlib
 import os
@@ -99,12 +100,22 @@ def _kernel_switch(name: str, argtypes: list, restype: type | None) -> Callable 
     return function
 
 
-def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: int = 0) -> bool:
+class Multirow(enum.IntEnum):
+    """Which batches the patched build's multi-row kernels take (GGML_CPU_MULTIROW). At batch 1
+    both kernels are bit-identical; which is faster depends on the CPU (the multi-row kernels
+    prefetch, the single-row ones unpack less), so llamaspec measures it (calibrate.py)."""
+
+    OFF = 0  # every row its own single-row kernel (cpp_patches/0001 alone)
+    ALL = 1  # batches of 1..16
+    BATCHES = 2  # batches of 2..16; a batch of 1 keeps the single-row kernels (the build's default)
+
+
+def set_cpu_kernels(batch_invariant: int, multirow: int = Multirow.BATCHES, control: int = 0) -> bool:
     """Switch the patched build's small-batch CPU kernels at run time, so stock and patched
     costs are measured side by side in one process: batch_invariant 0 = stock kernels, N = batches
-    up to N computed row for row like a batch of one (multirow: with the multi-row kernels;
-    control, for tests: a deliberately different rounding on rows 1.. (1) or on every row (2)).
-    False on a build without the switch (stock llama-cpp-python)."""
+    up to N computed row for row like a batch of one (multirow: which of them take the multi-row
+    kernels, a Multirow; control, for tests: a deliberately different rounding on rows 1.. (1)
+    or on every row (2)). False on a build without the switch (stock llama-cpp-python)."""
     setter = _kernel_switch("batch_invariant_set", [ctypes.c_int] * 3, None)
     if setter is None:
         return False
@@ -112,7 +123,7 @@ def set_cpu_kernels(batch_invariant: int, multirow: bool = True, control: int = 
     return True
 
 
-def cpu_kernel_settings() -> tuple[int, bool, int] | None:
+def cpu_kernel_settings() -> tuple[int, Multirow, int] | None:
     """The patched build's kernel settings now (batch_invariant, multirow, control) as
     set_cpu_kernels takes them; None on a build without the switch."""
     getters = [_kernel_switch(name, [], ctypes.c_int)
@@ -120,19 +131,20 @@ def cpu_kernel_settings() -> tuple[int, bool, int] | None:
     if None in getters:
         return None
     batch_invariant, multirow, control = (getter() for getter in getters)
-    return batch_invariant, bool(multirow), control
+    return batch_invariant, Multirow(multirow), control
 
 
 @contextlib.contextmanager
-def single_row_kernels() -> Iterator[bool]:
-    """The single-row kernels (the path stock llama.cpp decodes one token with) for the block,
-    then the settings as they were. Yields False when nothing is switched: a build without the
-    switch, or one that already runs without multi-row kernels."""
+def other_batch1_kernels() -> Iterator[bool]:
+    """For the block, decode a batch of one token with the kernel this process does not use for
+    it now: the multi-row kernels where batch 1 runs the single-row ones (stock llama.cpp's
+    path), and the other way round; then the settings as they were. Yields False when there is
+    no other: a build without the switch, stock kernels, or no multi-row kernels."""
     settings = cpu_kernel_settings()
-    if settings is None or not settings[1] or settings[0] < 1:
+    if settings is None or settings[1] == Multirow.OFF or settings[0] < 1 or "MULTIROW = none" in system_info():
         yield False
         return
-    set_cpu_kernels(settings[0], multirow=False)
+    set_cpu_kernels(settings[0], Multirow.BATCHES if settings[1] == Multirow.ALL else Multirow.ALL, settings[2])
     try:
         yield True
     finally:
