@@ -14,12 +14,14 @@ The Gemma 3 270M cases are marked slow (they fetch the model on first use, like 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO
 
@@ -182,3 +184,38 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     assert "stock kernels" in report["meta"]["kernels"]
     assert report["batch1_kernels"] is None  # stock kernels decode one token with the single-row ones
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
+
+
+
+def _quantize_q8_K(function, x: np.ndarray) -> bytes:
+    """One call of a ggml quantize_row_q8_K-shaped function on float32 x: the block_q8_K bytes."""
+    out = ctypes.create_string_buffer(len(x) // 256 * (4 + 256 + 2 * 16))  # per block: d, qs, bsums
+    function.argtypes, function.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+    function(x.ctypes.data, out, len(x))
+    return out.raw
+
+
+def test_simd_activation_quantization_is_the_reference_bit_for_bit():
+    """cpp_patches/0002: quantize_row_q8_K (every K-quant matmul's activations, stock paths too)
+    runs in SIMD and must give quantize_row_q8_K_ref's bytes: exact ties at .5 after scaling
+    (round half to even: checked to occur, so a round-half-away version fails), the first of two
+    equal magnitudes setting the sign, zero blocks, NaNs, tiny values, long and short rows."""
+    from llamaspec.llama import backend
+
+    ggml = backend.ggml()
+    simd, reference = ggml.quantize_row_q8_K, ggml.quantize_row_q8_K_ref
+    rng = np.random.default_rng(7)
+    ties = np.concatenate([[-127.0], np.arange(-127, 127) + 0.5, [0.0]])  # max -127: iscale 1, scaled x = x
+    assert len(ties) == 256 and (np.abs(ties[1:-1] % 1) == 0.5).all()
+    peaks = rng.uniform(-1, 1, 2048)
+    peaks[7::256], peaks[9::256] = -5.0, 5.0
+    peaks[256:512] = 0.0
+    with_nan = rng.uniform(-3, 3, 1536)
+    with_nan[[5, 300, 1000]] = np.nan
+    cases = [rng.uniform(-2, 2, 8960), np.round(rng.uniform(-2, 2, 8960) * 8) / 8, rng.uniform(-1e-30, 1e-30, 1536),
+             np.tile(ties, 6), peaks, with_nan]
+    for x in cases:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        assert _quantize_q8_K(simd, x) == _quantize_q8_K(reference, x)
+    quantized = np.frombuffer(_quantize_q8_K(simd, np.ascontiguousarray(ties, dtype=np.float32)), dtype=np.int8)[4:260]
+    assert list(quantized[1:5]) == [-126, -126, -124, -124]  # -126.5 .. -123.5: ties to even
