@@ -19,7 +19,7 @@ from . import __version__
 from .calibrate import eval_costs
 from .decoder import K_MAX, SpeculativeDecoder
 from .errors import LlamaSpecError
-from .llama import ModelOptions, build_id, system_info
+from .llama import ModelOptions, build_id, cpu_kernel_settings, system_info
 from .models import sha256_cached
 from .policy import CostModel
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
@@ -159,6 +159,9 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             "strict_note": strict_note,
             "build": system_info(),
             "build_id": build_id(),
+            # batch_invariant, multirow (1: a batch of 1 on the multi-row kernels, 2: on the single-row
+            # ones, as calibrate.choose_batch1_kernels measured faster here), control; null: stock build
+            "cpu_kernels": cpu_kernel_settings(),
             "verify_ms_by_batch": verify_ms,
         },
         "prompts": records,
