@@ -293,12 +293,17 @@ def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draf
         if not held_elsewhere:
             engine.pool.batch.lock.release()
         assert held_elsewhere, "the slot thread should hold the batch lock during its round"
+        took = []
         for _ in range(3):
             start = time.monotonic()
             scrape = client.get(url + "/metrics")
-            elapsed = time.monotonic() - start
+            took.append(time.monotonic() - start)
             assert scrape.status_code == 200
-            assert elapsed < 0.1, f"/metrics took {elapsed * 1000:.0f} ms during a decode round"
+        # The round is held for up to 60 s: a scrape that waited for it would take that long (or time
+        # out at 5 s). Every scrape under 1 s, the fastest under 0.1 s: one slow scrape on a loaded
+        # machine (a full run once saw it) is not a wait for the lock.
+        assert max(took) < 1.0 and min(took) < 0.1, \
+            f"/metrics took {[round(t * 1000) for t in took]} ms during a decode round"
         assert not answer, "the generation finished while its decode round was held"
         values = parse_metrics(scrape.text)
         assert values["llamaspec_slots_busy"] == 1
