@@ -75,9 +75,9 @@ def eval_costs(model: Model, sizes: list[int]) -> dict[int, float]:
 def choose_batch1_kernels(models: Sequence[Model], repeats: int = 7) -> Multirow | None:
     """Decode single tokens with whichever batch-1 kernel is faster for these models here, and
     return it. Both are bit-identical (the audit proves it), only speed differs by CPU: on an
-    Intel Xeon the multi-row kernels' prefetch made a token 13 % cheaper, on a Zen 4 their extra
-    unpacking made it about 20 % dearer. Measured once per models and settings (both kernels taking
-    turns), remembered. None where there is no choice: a build without the multi-row kernels,
+    Intel Xeon the multi-row kernels made a token 13 % cheaper, on a Zen 4 20 % dearer (with the
+    whole-row prefetch they then had; now about even there). Measured once per models and
+    settings (both kernels taking turns), remembered. None where there is no choice: a build without the multi-row kernels,
     stock or per-row kernels, models off this CPU, or GGML_CPU_MULTIROW set by the user (then it
     stands)."""
     models = [model for model in models if model.options.n_gpu_layers == 0 and not model.options.rpc_servers]

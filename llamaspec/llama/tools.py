@@ -102,8 +102,8 @@ def _kernel_switch(name: str, argtypes: list, restype: type | None) -> Callable 
 
 class Multirow(enum.IntEnum):
     """Which batches the patched build's multi-row kernels take (GGML_CPU_MULTIROW). At batch 1
-    both kernels are bit-identical; which is faster depends on the CPU (the multi-row kernels
-    prefetch, the single-row ones unpack less), so llamaspec measures it (calibrate.py)."""
+    both kernels are bit-identical; which is faster depends on the CPU and on each kernel's
+    prefetching, so llamaspec measures it (calibrate.py)."""
 
     OFF = 0  # every row its own single-row kernel (cpp_patches/0001 alone)
     ALL = 1  # batches of 1..16
