@@ -173,7 +173,7 @@ def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max
     """Steps 1-3 for every prompt, and step 4 where `batch1` and the model runs on the CPU."""
     report = AuditReport(model.path.name, {b: BatchComparison() for b in range(2, batch_max + 1)},
                          {k: [] for k in range(1, batch_max)})
-    batch1 = batch1 and model.options.n_gpu_layers == 0 and not model.options.rpc_servers
+    batch1 = batch1 and model.options.on_this_cpu
     for prompt in prompts:
         model.reset()
         plain, rows = plain_with_rows(model, prompt, max_tokens)

@@ -7,12 +7,13 @@ build, thread count and flash-attention setting, since they change with any of t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from .llama import Model, Multirow, build_id, cpu_kernel_settings, set_cpu_kernels, system_info
+from .llama import Model, Multirow, batch1_kernel_choice, build_id, cpu_kernel_settings, set_cpu_kernels, system_info
 from .models import remembered
 
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -41,28 +42,40 @@ def filler_tokens(model: Model) -> list[int]:
     return model.tokenize(_FILLER * 8, add_special=False)[:N_CONTEXT]
 
 
+@contextlib.contextmanager
+def at_filler_depth(models: Sequence[Model]) -> Iterator[list[list[int]]]:
+    """Each model's cache holding its filler tokens for the block (yielded, one list per model),
+    then what it held before."""
+    saved = [list(model.tokens) for model in models]
+    bases = [filler_tokens(model) for model in models]
+    for model, base in zip(models, bases):
+        model.reset()
+        model.eval(base)
+    try:
+        yield bases
+    finally:
+        for model, tokens in zip(models, saved):
+            model.reset()
+            if tokens:
+                model.eval(tokens)
+
+
 def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 5) -> dict[int, float]:
     """Median milliseconds of one `eval(all_logits=True)` of n tokens, for each n.
 
     The sizes take turns (1, 2, ..., 1, 2, ...) rather than being timed one after another, so a
     slow stretch of a shared machine lands on every size a little instead of on one size: a
     batch-1 cost inflated by 25 % once made batch 2 look cheap and the policy draft at a loss."""
-    saved = list(model.tokens)
-    base = filler_tokens(model)
-    model.reset()
-    model.eval(base)
-    model.eval(base[: max(sizes)], all_logits=True)  # warm-up: first calls allocate
-    model.rollback(len(base))
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            start = time.perf_counter()
-            model.eval(base[:n], all_logits=True)
-            times[n].append(time.perf_counter() - start)
-            model.rollback(len(base))
-    model.reset()
-    if saved:
-        model.eval(saved)
+    with at_filler_depth([model]) as (base,):
+        model.eval(base[: max(sizes)], all_logits=True)  # warm-up: first calls allocate
+        model.rollback(len(base))
+        for _ in range(repeats):
+            for n in sizes:
+                start = time.perf_counter()
+                model.eval(base[:n], all_logits=True)
+                times[n].append(time.perf_counter() - start)
+                model.rollback(len(base))
     return {n: round(1000 * statistics.median(t), 2) for n, t in times.items()}
 
 
@@ -77,37 +90,28 @@ def choose_batch1_kernels(models: Sequence[Model], repeats: int = 7) -> Multirow
     return it. Both are bit-identical (the audit proves it), only speed differs by CPU: on an
     Intel Xeon the multi-row kernels made a token 13 % cheaper, on a Zen 4 20 % dearer (with the
     whole-row prefetch they then had; now about even there). Measured once per models and
-    settings (both kernels taking turns), remembered. None where there is no choice: a build without the multi-row kernels,
-    stock or per-row kernels, models off this CPU, or GGML_CPU_MULTIROW set by the user (then it
-    stands)."""
-    models = [model for model in models if model.options.n_gpu_layers == 0 and not model.options.rpc_servers]
-    settings = cpu_kernel_settings()
-    if (not models or settings is None or settings[0] < 1 or settings[1] == Multirow.OFF
-            or "MULTIROW = none" in system_info() or os.environ.get("GGML_CPU_MULTIROW")):
+    settings (both kernels taking turns), remembered. None where there is no choice
+    (batch1_kernel_choice), for models off this CPU, or with GGML_CPU_MULTIROW set by the user
+    (then it stands)."""
+    models = [model for model in models if model.options.on_this_cpu]
+    settings = batch1_kernel_choice()
+    if not models or settings is None or os.environ.get("GGML_CPU_MULTIROW"):
         return None
     batch_invariant, _, control = settings
     candidates = (Multirow.BATCHES, Multirow.ALL)
 
     def measure() -> int:
         times: dict[Multirow, list[float]] = {mode: [] for mode in candidates}
-        saved = [list(model.tokens) for model in models]
-        bases = [filler_tokens(model) for model in models]
-        for model, base in zip(models, bases):
-            model.reset()
-            model.eval(base)
-        for round_ in range(repeats + 1):  # round 0 warms up
-            for mode in candidates:
-                set_cpu_kernels(batch_invariant, mode, control)
-                start = time.perf_counter()
-                for model, base in zip(models, bases):
-                    model.eval(base[:1], all_logits=True)
-                    model.rollback(len(base))
-                if round_:
-                    times[mode].append(time.perf_counter() - start)
-        for model, tokens in zip(models, saved):
-            model.reset()
-            if tokens:
-                model.eval(tokens)
+        with at_filler_depth(models) as bases:
+            for round_ in range(repeats + 1):  # round 0 warms up
+                for mode in candidates:
+                    set_cpu_kernels(batch_invariant, mode, control)
+                    start = time.perf_counter()
+                    for model, base in zip(models, bases):
+                        model.eval(base[:1], all_logits=True)
+                        model.rollback(len(base))
+                    if round_:
+                        times[mode].append(time.perf_counter() - start)
         return int(min(candidates, key=lambda mode: statistics.median(times[mode])))
 
     set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)  # one key, whichever ran before

@@ -186,7 +186,6 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
 
 
-
 def _quantize_q8_K(function, x: np.ndarray) -> bytes:
     """One call of a ggml quantize_row_q8_K-shaped function on float32 x: the block_q8_K bytes."""
     out = ctypes.create_string_buffer(len(x) // 256 * (4 + 256 + 2 * 16))  # per block: d, qs, bsums

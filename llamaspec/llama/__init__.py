@@ -8,9 +8,10 @@ it; `rpc` places a model's layers on rpc-servers; `tools` re-quantizes and repor
 from .model import Model
 from .options import ModelOptions
 from .rpc import set_rpc_failure_handler
-from .tools import (HEAD_TYPES, QUANT_TYPES, Multirow, build_id, cpu_kernel_settings, cpu_kernels,
-                    other_batch1_kernels, quantize, set_cpu_kernels, system_info)
+from .tools import (HEAD_TYPES, QUANT_TYPES, Multirow, batch1_kernel_choice, build_id, cpu_kernel_settings,
+                    cpu_kernels, other_batch1_kernels, quantize, set_cpu_kernels, system_info)
 
-__all__ = ["HEAD_TYPES", "QUANT_TYPES", "Model", "ModelOptions", "Multirow", "build_id", "cpu_kernel_settings",
+__all__ = ["HEAD_TYPES", "QUANT_TYPES", "Model", "ModelOptions", "Multirow", "batch1_kernel_choice", "build_id",
+           "cpu_kernel_settings",
            "cpu_kernels", "other_batch1_kernels", "quantize", "set_cpu_kernels", "set_rpc_failure_handler",
            "system_info"]

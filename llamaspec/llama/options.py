@@ -45,6 +45,11 @@ class ModelOptions:
     rpc_timeout: float = field(default_factory=_env_timeout)
     log: bool = field(default_factory=_env_log)  # echo llama.cpp's own log on stderr ($LLAMASPEC_LOG)
 
+    @property
+    def on_this_cpu(self) -> bool:
+        """Every layer on this process's CPU backend: where the patched CPU kernels run."""
+        return self.n_gpu_layers == 0 and not self.rpc_servers
+
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
             raise LlamaSpecError(f"context size must be at least 8, got {self.n_ctx}")

@@ -134,14 +134,24 @@ def cpu_kernel_settings() -> tuple[int, Multirow, int] | None:
     return batch_invariant, Multirow(multirow), control
 
 
+def batch1_kernel_choice() -> tuple[int, Multirow, int] | None:
+    """The kernel settings now when a batch of one token may run either of two kernels (the
+    multi-row or the single-row one); None where there is only one: a build without the switch,
+    stock or per-row kernels, or no multi-row kernels on this CPU."""
+    settings = cpu_kernel_settings()
+    if settings is None or settings[0] < 1 or settings[1] == Multirow.OFF or "MULTIROW = none" in system_info():
+        return None
+    return settings
+
+
 @contextlib.contextmanager
 def other_batch1_kernels() -> Iterator[bool]:
     """For the block, decode a batch of one token with the kernel this process does not use for
     it now: the multi-row kernels where batch 1 runs the single-row ones (stock llama.cpp's
     path), and the other way round; then the settings as they were. Yields False when there is
-    no other: a build without the switch, stock kernels, or no multi-row kernels."""
-    settings = cpu_kernel_settings()
-    if settings is None or settings[1] == Multirow.OFF or settings[0] < 1 or "MULTIROW = none" in system_info():
+    no other (batch1_kernel_choice)."""
+    settings = batch1_kernel_choice()
+    if settings is None:
         yield False
         return
     set_cpu_kernels(settings[0], Multirow.BATCHES if settings[1] == Multirow.ALL else Multirow.ALL, settings[2])
