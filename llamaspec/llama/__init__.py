@@ -12,6 +12,5 @@ from .tools import (HEAD_TYPES, QUANT_TYPES, Multirow, batch1_kernel_choice, bui
                     cpu_kernels, other_batch1_kernels, quantize, set_cpu_kernels, system_info)
 
 __all__ = ["HEAD_TYPES", "QUANT_TYPES", "Model", "ModelOptions", "Multirow", "batch1_kernel_choice", "build_id",
-           "cpu_kernel_settings",
-           "cpu_kernels", "other_batch1_kernels", "quantize", "set_cpu_kernels", "set_rpc_failure_handler",
-           "system_info"]
+           "cpu_kernel_settings", "cpu_kernels", "other_batch1_kernels", "quantize", "set_cpu_kernels",
+           "set_rpc_failure_handler", "system_info"]
