@@ -24,6 +24,7 @@ from .compat import check_vocab_compatible
 from .drafters import Drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.hybrid import HybridDrafter
+from .drafters.lookahead import CopyLookahead
 from .drafters.ngram import NgramDrafter
 from .drafters.suffix import SuffixDrafter
 from .errors import LlamaSpecError
@@ -43,6 +44,7 @@ PathLike = str | os.PathLike[str]
 DrafterKind = Literal["auto", "model", "ngram", "suffix", "hybrid"]
 DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "hybrid")
 K_MAX = 15  # the longest draft `k="auto"` may choose (verify batches of up to 16)
+LOOKAHEAD_MAX = 8  # the most guesses a draft model eval carries (drafters/lookahead.py)
 LOOKUP_MS_PER_TOKEN = 0.05  # an n-gram or suffix-trie lookup: free next to any model evaluation
 
 
@@ -56,7 +58,7 @@ class DecoderConfig:
     verify: VerifyMode
     min_draft_prob: float
     verify_ms: Mapping[int, float]  # the target's measured verify costs (empty: a fixed k)
-    draft_ms: float  # the draft model's measured cost per token (0: none measured)
+    draft_ms: dict[int, float]  # the draft model's measured eval cost by batch size (empty: none measured)
     strict_note: str = ""
 
 
@@ -124,10 +126,13 @@ class Decoder(CompletionMixin):
             return SuffixDrafter(policy=lookup_policy)
         assert self.draft_model is not None
         if auto:
-            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms), k)
+            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms[1]), k)
         else:
             model_policy = FixedK(config.min_draft_prob)
-        model_drafter = DraftModelDrafter(self.draft_model, model_policy)
+        # The draft's own batches are cheap too: copied guesses ride along (k=auto only, it
+        # needs the draft's cost curve to decide how many).
+        lookahead = CopyLookahead(config.draft_ms, LOOKAHEAD_MAX) if auto else None
+        model_drafter = DraftModelDrafter(self.draft_model, model_policy, lookahead)
         if kind == "model":
             return model_drafter
         # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
@@ -251,7 +256,7 @@ class SpeculativeDecoder(Decoder):
                 k=k_value, k_label=k, drafter_kind=kind, verify=verify, min_draft_prob=min_draft_prob,
                 # The adaptive policies' inputs, cached per model and machine.
                 verify_ms=eval_costs(target_model, list(range(1, k_value + 2))) if auto else {},
-                draft_ms=eval_costs(draft_model, [1])[1] if auto and draft_model else 0.0,
+                draft_ms=eval_costs(draft_model, list(range(1, LOOKAHEAD_MAX + 2))) if auto and draft_model else {},
                 strict_note=strict_note,
             )
             super().__init__(config, target_model, draft_model)

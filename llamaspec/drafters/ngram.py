@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..policy import DraftPolicy, FixedK
 from ..sampling import Sampler
 from . import Draft
@@ -56,3 +58,22 @@ class NgramDrafter:
 
     def close(self) -> None:
         pass
+
+
+def latest_copy(tokens: Sequence[int], limit: int, min_n: int = 2, max_n: int = 5) -> list[int]:
+    """What followed the latest earlier occurrence of the longest suffix of `tokens` (min_n
+    to max_n tokens long), at most `limit` tokens. Stateless: it serves contexts that change
+    every call (a draft in progress), at O(len) numpy work."""
+    seq = np.asarray(tokens, dtype=np.int64)
+    if len(seq) < 2 or limit <= 0:
+        return []
+    ends = np.flatnonzero(seq[:-1] == seq[-1]) + 1  # after each earlier occurrence of the last token
+    n = 1
+    while n < max_n and len(ends):
+        longer = ends[(ends > n) & (seq[np.maximum(ends - n - 1, 0)] == seq[-n - 1])]
+        if not len(longer):
+            break
+        ends, n = longer, n + 1
+    if n < min_n or not len(ends):
+        return []
+    return seq[ends[-1]: ends[-1] + limit].tolist()
