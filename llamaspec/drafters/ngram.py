@@ -14,40 +14,19 @@ from . import Draft
 
 
 class NgramDrafter:
-    """Longest match first, from `max_ngram` down to `min_ngram` tokens.
-
-    The index maps each n-gram to the position right after its latest occurrence; it is
-    extended incrementally as the context grows and rebuilt when the context changes.
-    """
+    """Longest match first, from `max_ngram` down to `min_ngram` tokens (`latest_copy`)."""
 
     def __init__(self, min_ngram: int = 2, max_ngram: int = 5, policy: DraftPolicy | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.policy = policy or FixedK()
-        self._tokens: list[int] = []
-        self._index: dict[tuple[int, ...], int] = {}
-
-    def _sync(self, context: Sequence[int]) -> None:
-        known = len(self._tokens)
-        if len(context) < known or list(context[:known]) != self._tokens:
-            self._tokens, self._index, known = [], {}, 0
-        self._tokens.extend(context[known:])
-        # Index n-grams ending before the last token: those have a continuation to copy.
-        for end in range(max(known, 1), len(self._tokens)):
-            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                self._index[tuple(self._tokens[end - n : end])] = end
 
     def lookup(self, context: Sequence[int], max_k: int) -> list[int]:
-        self._sync(context)
-        for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
-            end = self._index.get(tuple(context[-n:]))
-            if end is not None:
-                return list(self._tokens[end : end + max_k])
-        return []
+        return latest_copy(context, max_k, self.min_ngram, self.max_ngram)
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        self._sync(prompt)
+        pass  # nothing to index: each lookup scans the context
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
         max_k = self.policy.begin(max_k)
@@ -63,7 +42,8 @@ class NgramDrafter:
 def latest_copy(tokens: Sequence[int], limit: int, min_n: int = 2, max_n: int = 5) -> list[int]:
     """What followed the latest earlier occurrence of the longest suffix of `tokens` (min_n
     to max_n tokens long), at most `limit` tokens. Stateless: it serves contexts that change
-    every call (a draft in progress), at O(len) numpy work."""
+    every call (a draft in progress, a new conversation) at O(len) numpy work a call: 0.1 ms
+    for thousands of tokens, nothing next to a model eval."""
     seq = np.asarray(tokens, dtype=np.int64)
     if len(seq) < 2 or limit <= 0:
         return []
