@@ -58,7 +58,7 @@ class DecoderConfig:
     verify: VerifyMode
     min_draft_prob: float
     verify_ms: Mapping[int, float]  # the target's measured verify costs (empty: a fixed k)
-    draft_ms: dict[int, float]  # the draft model's measured eval cost by batch size (empty: none measured)
+    draft_ms: Mapping[int, float]  # the draft model's measured eval cost by batch size (empty: none measured)
     strict_note: str = ""
 
 
@@ -256,7 +256,7 @@ class SpeculativeDecoder(Decoder):
                 k=k_value, k_label=k, drafter_kind=kind, verify=verify, min_draft_prob=min_draft_prob,
                 # The adaptive policies' inputs, cached per model and machine.
                 verify_ms=eval_costs(target_model, list(range(1, k_value + 2))) if auto else {},
-                draft_ms=eval_costs(draft_model, list(range(1, LOOKAHEAD_MAX + 2))) if auto and draft_model else {},
+                draft_ms=draft_costs(draft_model) if auto and draft_model else {},
                 strict_note=strict_note,
             )
             super().__init__(config, target_model, draft_model)
@@ -276,6 +276,12 @@ class SpeculativeDecoder(Decoder):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def draft_costs(draft_model: Model) -> dict[int, float]:
+    """The draft's eval cost by batch size, 1..LOOKAHEAD_MAX + 1 (measured once, cached):
+    ConfidenceK reads batch 1, the lookahead the rest."""
+    return eval_costs(draft_model, list(range(1, LOOKAHEAD_MAX + 2)))
 
 
 def _strict_limit(target: Model) -> tuple[int, str]:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llamaspec.calibrate import eval_costs  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
-from llamaspec.decoder import K_MAX, SpeculativeDecoder  # noqa: E402
+from llamaspec.decoder import K_MAX, SpeculativeDecoder, draft_costs  # noqa: E402
 from llamaspec.drafters import common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
 from llamaspec.llama import Model, ModelOptions  # noqa: E402
@@ -76,7 +76,7 @@ def guesses(draft: Path, recorded: list[tuple[str, list[int], list[int]]]) -> tu
     pass per prompt), and its calibrated cost per token."""
     texts = []
     with Model(draft, OPTIONS) as drafter:
-        draft_ms = eval_costs(drafter, [1])[1]
+        draft_ms = draft_costs(drafter)[1]  # the measurement the decoder's policy reads
         for category, prompt, output in recorded:
             drafter.reset()
             rows = np.asarray(drafter.eval(prompt + output, all_logits=True), dtype=np.float64)[len(prompt) - 1:]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..policy import AdaptiveK, CostModel
 from .ngram import latest_copy
@@ -15,7 +15,7 @@ class CopyLookahead:
     draft's length is: AdaptiveK on how often the draft followed guesses by position,
     against the draft model's own batch cost curve (`draft_ms`, ms by batch size)."""
 
-    def __init__(self, draft_ms: dict[int, float], k_max: int = 8, min_match: int = 2):
+    def __init__(self, draft_ms: Mapping[int, float], k_max: int = 8, min_match: int = 2):
         self.policy = AdaptiveK(CostModel(draft_ms, draft_ms_per_token=0.0), k_max)
         self.min_match = min_match
 
