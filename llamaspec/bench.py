@@ -142,6 +142,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
                 reference.close()
         draft_path = decoder.draft_model.path if decoder.draft_model else None
         strict_note = decoder.strict_note
+        in_loop = decoder.config.verify_ms  # k=auto: the curve as the loop's timings corrected it
     return {
         "meta": {
             "llamaspec_version": __version__,
@@ -163,6 +164,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             # ones, as calibrate.choose_batch1_kernels measured faster here), control; null: stock build
             "cpu_kernels": cpu_kernel_settings(),
             "verify_ms_by_batch": verify_ms,
+            "verify_ms_in_loop": {n: round(ms, 2) for n, ms in in_loop.items()},
         },
         "prompts": records,
         "summary": _summary(records),

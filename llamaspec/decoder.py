@@ -31,7 +31,7 @@ from .errors import LlamaSpecError
 from .kv import KVModel
 from .llama import Model, ModelOptions
 from .openai_api import CompletionMixin
-from .policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy, FixedK
+from .policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy, FixedK, MeasuredCurve
 from .sampling import Sampler, SamplingParams
 from .speculative import Trace, generate_tokens
 from .stats import GenerationStats
@@ -57,7 +57,7 @@ class DecoderConfig:
     drafter_kind: str  # plain, model, ngram, suffix or hybrid ("auto" resolved)
     verify: VerifyMode
     min_draft_prob: float
-    verify_ms: Mapping[int, float]  # the target's measured verify costs (empty: a fixed k)
+    verify_ms: Mapping[int, float]  # the target's verify costs (empty: a fixed k); a MeasuredCurve learns
     draft_ms: Mapping[int, float]  # the draft model's measured eval cost by batch size (empty: none measured)
     strict_note: str = ""
 
@@ -93,10 +93,15 @@ class Generation:
 
 class Decoder(CompletionMixin):
     """A config on a target (and a draft model): generates, many times. It closes nothing;
-    `SpeculativeDecoder` owns the models it loads."""
+    `SpeculativeDecoder` owns the models it loads. With `measure_costs` its target evals'
+    times correct the config's cost curve (a MeasuredCurve): not for a server slot, whose
+    evals wait for the other slots' rows."""
 
-    def __init__(self, config: DecoderConfig, target: KVModel, draft_model: KVModel | None):
+    def __init__(self, config: DecoderConfig, target: KVModel, draft_model: KVModel | None,
+                 measure_costs: bool = True):
         self.config, self.target, self.draft_model = config, target, draft_model
+        curve = config.verify_ms
+        self._on_verify = curve.observe if measure_costs and isinstance(curve, MeasuredCurve) else None
         self.drafter = self._make_drafter()
         self.chat_format = ChatFormat(target)  # type: ignore[arg-type]
         self.last: Generation | None = None
@@ -140,8 +145,8 @@ class Decoder(CompletionMixin):
 
     def with_models(self, target: KVModel, draft_model: KVModel | None) -> Decoder:
         """This decoder's config on other models, with fresh drafter state: one decoder per
-        server slot, on that slot's sequence views."""
-        return Decoder(self.config, target, draft_model)
+        server slot, on that slot's sequence views (whose timings are not their batches' costs)."""
+        return Decoder(self.config, target, draft_model, measure_costs=False)
 
     def reset(self) -> None:
         """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.
@@ -189,6 +194,7 @@ class Decoder(CompletionMixin):
         tokens = generate_tokens(
             self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=min(k or config.k, config.k),
             max_tokens=max_tokens, sampler=Sampler(sampling), verify=config.verify, stats=stats, trace=trace,
+            on_verify=self._on_verify,
         )
         self.last = Generation(tokens, stats, self.target.token_bytes)
         return self.last
@@ -254,8 +260,9 @@ class SpeculativeDecoder(Decoder):
             auto = k == "auto" and k_value > 0
             config = DecoderConfig(
                 k=k_value, k_label=k, drafter_kind=kind, verify=verify, min_draft_prob=min_draft_prob,
-                # The adaptive policies' inputs, cached per model and machine.
-                verify_ms=eval_costs(target_model, list(range(1, k_value + 2))) if auto else {},
+                # The adaptive policies' inputs, cached per model and machine; the verify curve
+                # then follows what the loop measures.
+                verify_ms=MeasuredCurve(eval_costs(target_model, list(range(1, k_value + 2)))) if auto else {},
                 draft_ms=draft_costs(draft_model) if auto and draft_model else {},
                 strict_note=strict_note,
             )

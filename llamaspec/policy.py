@@ -20,7 +20,49 @@ Pure Python; costs come from `calibrate.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
+
+
+class MeasuredCurve(Mapping[int, float]):
+    """The target's verify cost by batch size: the calibrated curve, corrected by what the loop
+    measures (`observe`).
+
+    The calibration is measured once and cached, but the relative costs of this machine move:
+    on the Zen 4 VM a batch of 4 cost 1.41x a decode in one stretch and 1.75x in the next (big
+    batches slower, batch 1 faster), and a policy deciding on the stale ratios drafts too much.
+    So each batch size keeps a running ratio of measured to calibrated time; a size not measured
+    yet borrows the ratio of the nearest size that was. One measurement moves its ratio by
+    (1 - memory) and counts at most `clip` times the current one either way, so a preempted
+    step does not swing it."""
+
+    def __init__(self, calibrated: Mapping[int, float], memory: float = 0.9, clip: float = 1.5):
+        if not 0.0 <= memory < 1.0 or clip < 1.0:
+            raise ValueError("need 0 <= memory < 1 and clip >= 1")
+        self.calibrated = dict(calibrated)
+        self.memory, self.clip = memory, clip
+        self.ratios: dict[int, float] = {}
+
+    def ratio(self, n_tokens: int) -> float:
+        if not self.ratios:
+            return 1.0
+        nearest = min(self.ratios, key=lambda n: (abs(n - n_tokens), n))
+        return self.ratios[nearest]
+
+    def observe(self, n_tokens: int, ms: float) -> None:
+        if n_tokens not in self.calibrated or ms <= 0.0:
+            return
+        current = self.ratio(n_tokens)
+        measured = min(max(ms / self.calibrated[n_tokens], current / self.clip), current * self.clip)
+        self.ratios[n_tokens] = self.memory * self.ratios.get(n_tokens, current) + (1.0 - self.memory) * measured
+
+    def __getitem__(self, n_tokens: int) -> float:
+        return self.calibrated[n_tokens] * self.ratio(n_tokens)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.calibrated)
+
+    def __len__(self) -> int:
+        return len(self.calibrated)
 
 
 @dataclass(frozen=True)
@@ -197,12 +239,16 @@ class ConfidenceK:
         self.costs, self.k_max = costs, k_max
         self.prior_first, self.memory = prior_first, memory
         self.first = prior_first  # running P(first drafted token accepted)
-        self.plain_rate = 1.0 / costs.verify(1)
         self.rate = self.plain_rate
         self._tokens = self._ms = 0.0
         self._limit = 0
         self._expected = [1.0]  # E_i for i = 0..drafted
         self._reach = 1.0
+
+    @property
+    def plain_rate(self) -> float:
+        """Tokens per ms of plain decoding: a measured curve moves it."""
+        return 1.0 / self.costs.verify(1)
 
     def _worth(self, k: int, expected: float) -> float:
         return expected - self.rate * self.costs.step_ms(k)

@@ -90,11 +90,13 @@ def generate_tokens(
     verify: VerifyMode = "rejection",
     stats: GenerationStats | None = None,
     trace: Trace | None = None,
+    on_verify: Callable[[int, float], None] | None = None,
 ) -> Iterator[int]:
     """Yield generated token ids; without a drafter this is plain decoding (one token a step).
 
     Stops at any end-of-generation token (not yielded), after `max_tokens`, or when the
-    context is full. `stats` is filled in as it goes.
+    context is full. `stats` is filled in as it goes; `on_verify` hears each target eval's
+    batch size and milliseconds (a policy's measured cost curve).
     """
     if k <= 0 and drafter is not None:
         raise LlamaSpecError(f"k must be at least 1 with a drafter, got {k}")
@@ -122,11 +124,14 @@ def generate_tokens(
         evaluated = [context[-1], *draft.tokens]
         if pending_row is None:
             rows = target.eval(evaluated, all_logits=True)
+            n_evaluated = len(evaluated)
         else:  # first step: row 0 came with the prompt
             rows = np.concatenate([pending_row, target.eval(draft.tokens, all_logits=True)]) \
                 if draft.tokens else pending_row
-            pending_row = None
+            n_evaluated, pending_row = len(draft.tokens), None
         t_verified = time.perf_counter()
+        if on_verify and n_evaluated:
+            on_verify(n_evaluated, 1000.0 * (t_verified - t_drafted))
         n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
         if trace:
             trace(StepTrace(len(context) - 1, evaluated, n_accepted, next_token, rows))

@@ -74,6 +74,15 @@ def test_perfect_draft_emits_k_plus_one_per_step():
     assert target.batch_sizes == [3, 3, 4, 4]  # prompt, then d1..d3, then [last, d1, d2, d3]
 
 
+def test_on_verify_hears_every_target_eval_after_the_prompt():
+    target = ScriptedTarget(SCRIPT)
+    heard: list[tuple[int, float]] = []
+    list(generate_tokens(target, PROMPT, drafter=ListDrafter(SCRIPT), k=3, max_tokens=12,
+                         on_verify=lambda n, ms: heard.append((n, ms))))
+    assert [n for n, _ in heard] == target.batch_sizes[1:] == [3, 4, 4]
+    assert all(ms >= 0.0 for _, ms in heard)
+
+
 def test_wrong_draft_still_gives_target_tokens_and_rolls_back():
     guesses = [t if i % 3 else 1 for i, t in enumerate(SCRIPT)]  # every third guess wrong
     target = ScriptedTarget(SCRIPT)

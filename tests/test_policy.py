@@ -5,7 +5,7 @@ import pytest
 from llamaspec.drafters import Draft
 from llamaspec.drafters.hybrid import HybridDrafter
 from llamaspec.drafters.ngram import NgramDrafter
-from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, FixedK, draft_steps
+from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, FixedK, MeasuredCurve, draft_steps
 from llamaspec.sampling import Sampler
 
 # The shape measured on a 2-core CPU: verify cost grows almost linearly with batch size.
@@ -142,6 +142,41 @@ def test_confidence_policy_gate_closes_on_failures_and_reopens():
     for _ in range(20):
         policy.update(8, 8)  # nine tokens for one verify(9): above the plain rate
     assert policy.rate > rate_before > 0
+
+
+def test_measured_curve_follows_what_the_loop_pays():
+    curve = MeasuredCurve({1: 30.0, 2: 33.0, 4: 42.0, 8: 70.0})
+    assert dict(curve) == {1: 30.0, 2: 33.0, 4: 42.0, 8: 70.0}  # nothing measured: the calibration
+    for _ in range(60):
+        curve.observe(4, 84.0)  # batch 4 costs twice what the calibration says
+    assert curve[4] == pytest.approx(84.0, rel=0.01)
+    assert curve[8] == pytest.approx(140.0, rel=0.01) and curve[1] == pytest.approx(60.0, rel=0.01)  # the nearest
+    for _ in range(60):
+        curve.observe(1, 27.0)
+    assert curve[1] == pytest.approx(27.0, rel=0.01)
+    assert curve[2] == pytest.approx(33.0 * 0.9, rel=0.01)  # nearer to 1 than to 4
+    curve.observe(3, 500.0)  # not a calibrated size: nothing to compare with
+    assert 3 not in curve.ratios and CostModel(curve, 0.0).verify(3) == pytest.approx((curve[2] + curve[4]) / 2)
+
+
+def test_measured_curve_takes_one_preempted_step_in_small_part():
+    curve = MeasuredCurve({1: 30.0})
+    curve.observe(1, 3000.0)
+    assert 30.0 < curve[1] <= 30.0 * 1.05 + 1e-9  # clipped to 1.5x, then a tenth of the way
+    with pytest.raises(ValueError):
+        MeasuredCurve({1: 30.0}, memory=1.0)
+
+
+def test_confidence_policy_drafts_less_once_big_batches_are_measured_dearer():
+    curve = MeasuredCurve({1: 30.0, 2: 32.0, 3: 36.0, 4: 40.0, 5: 46.0, 6: 52.0, 7: 58.0, 8: 64.0, 9: 70.0})
+    probs = [0.8] * 10
+    cheap = draft_with(ConfidenceK(CostModel(curve, 5.0), k_max=8), probs)
+    for _ in range(60):
+        curve.observe(1, 30.0)
+        for n in range(3, 10):
+            curve.observe(n, 1.4 * curve.calibrated[n])
+    dear = draft_with(ConfidenceK(CostModel(curve, 5.0), k_max=8), probs)
+    assert 0 < dear[1] < cheap[1]
 
 
 def test_ngram_copies_what_followed_the_latest_match():

@@ -230,11 +230,20 @@ def test_suffix_drafter_on_the_tiny_model_is_identical_to_plain(stories):
 def test_decoder_wiring(stories, truncated_draft):
     from llamaspec.decoder import SpeculativeDecoder
     from llamaspec.llama import ModelOptions
-    from llamaspec.policy import AdaptiveK
+    from llamaspec.policy import AdaptiveK, MeasuredCurve
 
     options = ModelOptions(n_ctx=256, n_threads=2)
     with SpeculativeDecoder(stories, drafter="suffix", options=options) as decoder:  # k="auto"
         assert isinstance(decoder.drafter, SuffixDrafter) and isinstance(decoder.drafter.policy, AdaptiveK)
+        # k=auto: the verify curve learns from the loop's timings, plain generations' included
+        curve = decoder.config.verify_ms
+        assert isinstance(curve, MeasuredCurve) and not curve.ratios
+        list(decoder.generate("Once upon a time", max_tokens=24, speculative=False))
+        assert set(curve.ratios) == {1}
+        learned = dict(curve.ratios)
+        slot = decoder.with_models(decoder.target, None)  # a server slot's timings include waiting
+        list(slot.generate("Once upon a time", max_tokens=24, speculative=False))
+        assert curve.ratios == learned
     with SpeculativeDecoder(stories, truncated_draft, k=3, options=options) as decoder:  # auto: hybrid
         assert isinstance(decoder.drafter, HybridDrafter)
         assert isinstance(decoder.drafter.lookup, SuffixDrafter) and decoder.drafter.lookup.min_match == 3
