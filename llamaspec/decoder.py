@@ -58,7 +58,7 @@ class DecoderConfig:
     verify: VerifyMode
     min_draft_prob: float
     verify_ms: Mapping[int, float]  # the target's verify costs (empty: a fixed k); a MeasuredCurve learns
-    draft_ms: Mapping[int, float]  # the draft model's measured eval cost by batch size (empty: none measured)
+    draft_ms: Mapping[int, float]  # the draft model's eval cost by batch size (empty: none measured); likewise
     strict_note: str = ""
 
 
@@ -93,15 +93,14 @@ class Generation:
 
 class Decoder(CompletionMixin):
     """A config on a target (and a draft model): generates, many times. It closes nothing;
-    `SpeculativeDecoder` owns the models it loads. With `measure_costs` its target evals'
-    times correct the config's cost curve (a MeasuredCurve): not for a server slot, whose
-    evals wait for the other slots' rows."""
+    `SpeculativeDecoder` owns the models it loads. With `measure_costs` its evals' times
+    correct the config's cost curves (MeasuredCurves): not for a server slot, whose evals wait
+    for the other slots' rows."""
 
     def __init__(self, config: DecoderConfig, target: KVModel, draft_model: KVModel | None,
                  measure_costs: bool = True):
         self.config, self.target, self.draft_model = config, target, draft_model
-        curve = config.verify_ms
-        self._on_verify = curve.observe if measure_costs and isinstance(curve, MeasuredCurve) else None
+        self._measure_costs = measure_costs
         self.drafter = self._make_drafter()
         self.chat_format = ChatFormat(target)  # type: ignore[arg-type]
         self.last: Generation | None = None
@@ -131,17 +130,20 @@ class Decoder(CompletionMixin):
             return SuffixDrafter(policy=lookup_policy)
         assert self.draft_model is not None
         if auto:
-            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms[1]), k)
+            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms), k)
         else:
             model_policy = FixedK(config.min_draft_prob)
         # The draft's own batches are cheap too: copied guesses ride along (k=auto only, it
         # needs the draft's cost curve to decide how many).
         lookahead = CopyLookahead(config.draft_ms, LOOKAHEAD_MAX) if auto else None
-        model_drafter = DraftModelDrafter(self.draft_model, model_policy, lookahead)
+        model_drafter = DraftModelDrafter(self.draft_model, model_policy, lookahead, self._observer(config.draft_ms))
         if kind == "model":
             return model_drafter
         # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
         return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
+
+    def _observer(self, curve: Mapping[int, float]) -> Callable[[int, float], None] | None:
+        return curve.observe if self._measure_costs and isinstance(curve, MeasuredCurve) else None
 
     def with_models(self, target: KVModel, draft_model: KVModel | None) -> Decoder:
         """This decoder's config on other models, with fresh drafter state: one decoder per
@@ -194,7 +196,7 @@ class Decoder(CompletionMixin):
         tokens = generate_tokens(
             self.target, self.prompt_tokens(prompt, chat), drafter=drafter, k=min(k or config.k, config.k),
             max_tokens=max_tokens, sampler=Sampler(sampling), verify=config.verify, stats=stats, trace=trace,
-            on_verify=self._on_verify,
+            on_verify=self._observer(config.verify_ms),
         )
         self.last = Generation(tokens, stats, self.target.token_bytes)
         return self.last
@@ -263,7 +265,7 @@ class SpeculativeDecoder(Decoder):
                 # The adaptive policies' inputs, cached per model and machine; the verify curve
                 # then follows what the loop measures.
                 verify_ms=MeasuredCurve(eval_costs(target_model, list(range(1, k_value + 2)))) if auto else {},
-                draft_ms=draft_costs(draft_model) if auto and draft_model else {},
+                draft_ms=MeasuredCurve(draft_costs(draft_model)) if auto and draft_model else {},
                 strict_note=strict_note,
             )
             super().__init__(config, target_model, draft_model)

@@ -24,8 +24,8 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 
 class MeasuredCurve(Mapping[int, float]):
-    """The target's verify cost by batch size: the calibrated curve, corrected by what the loop
-    measures (`observe`).
+    """A model's eval cost by batch size (the target's verify, the draft's): the calibrated
+    curve, corrected by what the loop measures (`observe`).
 
     The calibration is measured once and cached, but the relative costs of this machine move:
     on the Zen 4 VM a batch of 4 cost 1.41x a decode in one stretch and 1.75x in the next (big
@@ -67,10 +67,15 @@ class MeasuredCurve(Mapping[int, float]):
 
 @dataclass(frozen=True)
 class CostModel:
-    """Milliseconds: the target's verify pass by batch size, the drafter's cost per token."""
+    """Milliseconds: the target's verify pass by batch size, the drafter's cost per token (a
+    number, or a draft model's eval curve, read at batch 1 each time: a MeasuredCurve moves)."""
 
     verify_ms: Mapping[int, float]
-    draft_ms_per_token: float
+    draft_ms_per_token: float | Mapping[int, float]
+
+    def draft_token_ms(self) -> float:
+        draft = self.draft_ms_per_token
+        return draft[1] if isinstance(draft, Mapping) else draft
 
     def verify(self, n_tokens: int) -> float:
         if n_tokens in self.verify_ms:
@@ -86,7 +91,7 @@ class CostModel:
         return self.verify_ms[below] * (1 - weight) + self.verify_ms[above] * weight
 
     def step_ms(self, k: int) -> float:
-        return self.draft_ms_per_token * k + self.verify(k + 1)
+        return self.draft_token_ms() * k + self.verify(k + 1)
 
 
 class DraftPolicy(Protocol):

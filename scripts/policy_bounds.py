@@ -121,7 +121,7 @@ def with_policy(costs: CostModel, policy: DraftPolicy) -> Step:
                                     lambda i: (float(text.prob[at + i]), True))
         accepted = text.run(at, kept)
         policy.update(kept, accepted)
-        return accepted + 1, costs.draft_ms_per_token * drafted + costs.verify(kept + 1)
+        return accepted + 1, costs.draft_token_ms() * drafted + costs.verify(kept + 1)
     return step
 
 
@@ -157,7 +157,7 @@ def main() -> None:
 
 def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) -> dict:
     """Print and return one draft's cost, acceptance by position and replayed policies."""
-    print(f"\n{name}: draft ms/token {costs.draft_ms_per_token:g} (calibrated {draft_ms:g}, "
+    print(f"\n{name}: draft ms/token {costs.draft_token_ms():g} (calibrated {draft_ms:g}, "
           f"{draft_ms / costs.verify(1):.3f}x a target decode)")
     rows = [("fixed k=3", lambda: fixed(costs, 3)), ("fixed k=4", lambda: fixed(costs, 4)),
             ("AdaptiveK (k up front)", lambda: with_policy(costs, AdaptiveK(costs, K_MAX))),

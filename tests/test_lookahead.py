@@ -160,8 +160,13 @@ def test_on_the_tiny_model_drafts_are_unchanged_and_output_equals_plain(stories,
             decoder.reset()
             assert list(decoder.generate(text, max_tokens=80)) == plain, text
             texts.append(decoder.prompt_tokens(text) + plain)
+        # k=auto: the draft's evals feed its measured cost curve (on this pair drafting never pays,
+        # so the hook itself is tested below); a server slot's do not
+        assert decoder.drafter.on_eval == decoder.config.draft_ms.observe
+        assert decoder.with_models(decoder.target, decoder.draft_model).drafter.on_eval is None
     with Model(truncated_draft, options) as one, Model(truncated_draft, options) as two:
-        alone = DraftModelDrafter(one, FixedK())
+        heard: list[int] = []
+        alone = DraftModelDrafter(one, FixedK(), on_eval=lambda n, ms: heard.append(n))
         lookahead = Recorder(lambda history: latest_copy(history, 6))
         ahead = DraftModelDrafter(two, FixedK(), lookahead)
         for tokens in texts:
@@ -170,3 +175,5 @@ def test_on_the_tiny_model_drafts_are_unchanged_and_output_equals_plain(stories,
             for end in range(8, len(tokens), 5):
                 assert ahead.propose(tokens[:end], 7, Sampler()).tokens == alone.propose(tokens[:end], 7, Sampler()).tokens
     assert sum(matched for _, matched in lookahead.observed) > 20  # the rows of right guesses were used
+    # the drafter's evals, each heard once: catch-up batches, then one token at a time
+    assert heard and min(heard) >= 1 and heard.count(1) > len(heard) // 2

@@ -167,6 +167,16 @@ def test_measured_curve_takes_one_preempted_step_in_small_part():
         MeasuredCurve({1: 30.0}, memory=1.0)
 
 
+def test_draft_cost_per_token_follows_a_measured_draft_curve():
+    draft = MeasuredCurve({1: 10.0, 2: 12.0})
+    costs = CostModel({1: 30.0, 2: 33.0}, draft)
+    assert costs.step_ms(1) == pytest.approx(10.0 + 33.0)
+    for _ in range(60):
+        draft.observe(1, 5.0)
+    assert costs.draft_token_ms() == pytest.approx(5.0, rel=0.01) and costs.step_ms(1) == pytest.approx(38.0, rel=0.01)
+    assert CostModel({1: 30.0}, 7.0).draft_token_ms() == 7.0
+
+
 def test_confidence_policy_drafts_less_once_big_batches_are_measured_dearer():
     curve = MeasuredCurve({1: 30.0, 2: 32.0, 3: 36.0, 4: 40.0, 5: 46.0, 6: 52.0, 7: 58.0, 8: 64.0, 9: 70.0})
     probs = [0.8] * 10

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import time
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -24,14 +25,16 @@ class DraftModelDrafter:
     batch, and while the draft's own tokens equal them their rows are ready, so a run of
     drafted tokens costs one batch instead of one eval each. The draft is unchanged (a row
     of a batch equals the single eval on the batch-invariant build); only its cost drops,
-    on text that repeats.
+    on text that repeats. `on_eval` hears each drafting eval's batch size and milliseconds (the
+    policies' measured draft curve).
     """
 
     def __init__(self, model: KVModel, policy: DraftPolicy | None = None,
-                 lookahead: Lookahead | None = None):
+                 lookahead: Lookahead | None = None, on_eval: Callable[[int, float], None] | None = None):
         self.model = model
         self.policy = policy or FixedK()
         self.lookahead = lookahead
+        self.on_eval = on_eval
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """The prompt but its last token, which the first step evaluates for its logits."""
@@ -48,7 +51,11 @@ class DraftModelDrafter:
         # Keep at least one token to evaluate: we need the logits after the history.
         n_keep = min(common_prefix_len(model.tokens, history), len(history) - 1)
         model.rollback(n_keep)
-        rows = model.eval([*history[n_keep:], *guesses], all_logits=bool(guesses))
+        batch = [*history[n_keep:], *guesses]
+        started = time.perf_counter()
+        rows = model.eval(batch, all_logits=bool(guesses))
+        if self.on_eval:
+            self.on_eval(len(batch), 1000.0 * (time.perf_counter() - started))
         return guesses, rows[len(rows) - len(guesses) - 1:]  # a view: read before the next eval
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
