@@ -58,6 +58,9 @@ class MeasuredCurve(Mapping[int, float]):
     def __getitem__(self, n_tokens: int) -> float:
         return self.calibrated[n_tokens] * self.ratio(n_tokens)
 
+    def __contains__(self, n_tokens: object) -> bool:  # Mapping's would compute the value to drop it
+        return n_tokens in self.calibrated
+
     def __iter__(self) -> Iterator[int]:
         return iter(self.calibrated)
 
