@@ -175,3 +175,16 @@ def test_rpc_timeout_option_defaults_to_the_environment(monkeypatch):
     assert ModelOptions().rpc_timeout == 120 and ModelOptions(rpc_timeout=3).rpc_timeout == 3
     with pytest.raises(LlamaSpecError, match="RPC timeout must be positive"):
         ModelOptions(rpc_timeout=0)
+
+
+def test_weights_are_read_only_where_the_cpu_runs_them(monkeypatch):
+    """A GGUF is read into memory (huge pages) only when every layer runs on this CPU on Linux:
+    offloaded or remote layers keep llama.cpp's own loading (a mapped file)."""
+    import llamaspec.llama.options as options
+
+    monkeypatch.setattr(options.sys, "platform", "linux")
+    assert ModelOptions().reads_weights
+    assert not ModelOptions(n_gpu_layers=99).reads_weights
+    assert not ModelOptions(rpc_servers=("127.0.0.1:50052",)).reads_weights
+    monkeypatch.setattr(options.sys, "platform", "darwin")
+    assert not ModelOptions().reads_weights

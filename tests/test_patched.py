@@ -218,3 +218,42 @@ def test_simd_activation_quantization_is_the_reference_bit_for_bit():
         assert _quantize_q8_K(simd, x) == _quantize_q8_K(reference, x)
     quantized = np.frombuffer(_quantize_q8_K(simd, np.ascontiguousarray(ties, dtype=np.float32)), dtype=np.int8)[4:260]
     assert list(quantized[1:5]) == [-126, -126, -124, -124]  # -126.5 .. -123.5: ties to even
+
+
+_HUGE_PAGE_PROBE = """
+import sys
+from pathlib import Path
+from llamaspec.llama import Model, ModelOptions
+
+def hinted_kib():  # this process's mappings marked MADV_HUGEPAGE (the "hg" VmFlag)
+    total = size = 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line.startswith("Size:"):
+            size = int(line.split()[1])
+        elif line.startswith("VmFlags:") and "hg" in line.split()[1:]:
+            total += size
+    return total
+
+path = sys.argv[1]
+before = hinted_kib()
+with Model(path, ModelOptions(n_ctx=64)):
+    print(hinted_kib() - before, path in Path("/proc/self/maps").read_text())
+"""
+
+
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage").is_dir(), reason="a Linux kernel with THP")
+def test_weights_are_read_onto_huge_page_hinted_memory(kernel_models):
+    """cpp_patches/0004 + ModelOptions.reads_weights: on Linux a CPU model's GGUF is read, not
+    mapped, into buffers ggml marks for transparent huge pages (a decode streams every weight;
+    4 KiB pages cost a TLB miss per 4 KiB). The F32 random model's weights are ~6 MiB, one
+    buffer: it must not be mapped from its file, and the hinted memory must grow by its size
+    (less the last partial 2 MiB, which ggml leaves on small pages). In a fresh process: in
+    this one, malloc may place the buffer in memory an earlier test's buffer already hinted."""
+    path = kernel_models["f16"].with_name("random-f32.gguf")
+    system_info()
+    done = subprocess.run([sys.executable, "-c", _HUGE_PAGE_PROBE, str(path)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grown, mapped = done.stdout.split()
+    assert mapped == "False"
+    assert int(grown) >= path.stat().st_size / 1024 - 2048, (grown, path.stat().st_size)

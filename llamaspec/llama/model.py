@@ -43,6 +43,8 @@ class Model:
         model_params = ll.llama_model_default_params()
         model_params.n_gpu_layers = options.n_gpu_layers
         model_params.use_extra_bufts = options.repack
+        if options.reads_weights:
+            model_params.load_mode = ll.LLAMA_LOAD_MODE_NONE
         place_on_rpc_servers(model_params, options.rpc_servers, options.rpc_timeout)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:

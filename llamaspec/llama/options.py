@@ -7,6 +7,7 @@ with the environment variable as their default, so a caller can see and set all 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,6 +50,13 @@ class ModelOptions:
     def on_this_cpu(self) -> bool:
         """Every layer on this process's CPU backend: where the patched CPU kernels run."""
         return self.n_gpu_layers == 0 and not self.rpc_servers
+
+    @property
+    def reads_weights(self) -> bool:
+        """Read the GGUF into memory instead of mapping it (Linux, CPU only). Why: the patched
+        ggml puts large buffers on transparent huge pages, and a decode, which streams every
+        weight, was about 5 % faster on them than on the 4 KiB pages of a mapped file."""
+        return self.on_this_cpu and sys.platform.startswith("linux")
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
