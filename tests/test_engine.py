@@ -179,11 +179,17 @@ def test_rpc_timeout_option_defaults_to_the_environment(monkeypatch):
 
 def test_weights_are_read_only_where_the_cpu_runs_them(monkeypatch):
     """A GGUF is read into memory (huge pages) only when every layer runs on this CPU on Linux:
-    offloaded or remote layers keep llama.cpp's own loading (a mapped file)."""
+    offloaded or remote layers keep llama.cpp's own loading (a mapped file), and so does
+    LLAMASPEC_MMAP (a model larger than free memory)."""
     import llamaspec.llama.options as options
 
     monkeypatch.setattr(options.sys, "platform", "linux")
+    monkeypatch.delenv("LLAMASPEC_MMAP", raising=False)
     assert ModelOptions().reads_weights
+    assert not ModelOptions(mmap=True).reads_weights
+    monkeypatch.setenv("LLAMASPEC_MMAP", "1")
+    assert not ModelOptions().reads_weights
+    monkeypatch.delenv("LLAMASPEC_MMAP")
     assert not ModelOptions(n_gpu_layers=99).reads_weights
     assert not ModelOptions(rpc_servers=("127.0.0.1:50052",)).reads_weights
     monkeypatch.setattr(options.sys, "platform", "darwin")

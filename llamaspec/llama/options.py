@@ -30,6 +30,10 @@ def _env_log() -> bool:
     return bool(os.environ.get("LLAMASPEC_LOG"))
 
 
+def _env_mmap() -> bool:
+    return bool(os.environ.get("LLAMASPEC_MMAP"))
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """How to load a model and size its context; shared by target and draft."""
@@ -45,6 +49,9 @@ class ModelOptions:
     # Seconds an RPC call may wait for a server before failing (a vanished host, a hung server).
     rpc_timeout: float = field(default_factory=_env_timeout)
     log: bool = field(default_factory=_env_log)  # echo llama.cpp's own log on stderr ($LLAMASPEC_LOG)
+    # Map the GGUF as llama.cpp does (shared page cache; a model larger than free memory can
+    # still run) instead of reading it onto huge pages ($LLAMASPEC_MMAP).
+    mmap: bool = field(default_factory=_env_mmap)
 
     @property
     def on_this_cpu(self) -> bool:
@@ -56,7 +63,7 @@ class ModelOptions:
         """Read the GGUF into memory instead of mapping it (Linux, CPU only). Why: the patched
         ggml puts large buffers on transparent huge pages, and a decode, which streams every
         weight, was about 5 % faster on them than on the 4 KiB pages of a mapped file."""
-        return self.on_this_cpu and sys.platform.startswith("linux")
+        return self.on_this_cpu and sys.platform.startswith("linux") and not self.mmap
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
