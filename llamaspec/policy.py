@@ -41,6 +41,8 @@ class MeasuredCurve(Mapping[int, float]):
         self.calibrated = dict(calibrated)
         self.memory, self.clip = memory, clip
         self.ratios: dict[int, float] = {}
+        # the corrected costs, refreshed per measurement: a policy step reads them hundreds of times
+        self._corrected = dict(self.calibrated)
 
     def ratio(self, n_tokens: int) -> float:
         if not self.ratios:
@@ -54,9 +56,10 @@ class MeasuredCurve(Mapping[int, float]):
         current = self.ratio(n_tokens)
         measured = min(max(ms / self.calibrated[n_tokens], current / self.clip), current * self.clip)
         self.ratios[n_tokens] = self.memory * self.ratios.get(n_tokens, current) + (1.0 - self.memory) * measured
+        self._corrected = {n: ms * self.ratio(n) for n, ms in self.calibrated.items()}
 
     def __getitem__(self, n_tokens: int) -> float:
-        return self.calibrated[n_tokens] * self.ratio(n_tokens)
+        return self._corrected[n_tokens]
 
     def __contains__(self, n_tokens: object) -> bool:  # Mapping's would compute the value to drop it
         return n_tokens in self.calibrated
