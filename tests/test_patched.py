@@ -108,13 +108,15 @@ def test_patched_gemma_long_context_bit_exact(tmp_path):
 
 @pytest.fixture(scope="session")
 def kernel_models(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A random 2-layer llama, 256 wide (K-quant blocks), with every tensor of one type."""
+    """A random 2-layer llama, 256 wide (K-quant blocks), with every tensor of one type: F32 as
+    made, and each of KERNEL_TYPES."""
     from llamaspec.gguf_tools import random_llama
     from llamaspec.llama import quantize
 
     folder = tmp_path_factory.mktemp("kernels")
     f32 = random_llama(stories, folder / "random-f32.gguf", n_embd=256, n_ff=512)
-    return {quant: quantize(f32, folder / f"random-{quant}.gguf", quant, pure=True) for quant in KERNEL_TYPES}
+    quantized = {quant: quantize(f32, folder / f"random-{quant}.gguf", quant, pure=True) for quant in KERNEL_TYPES}
+    return {"f32": f32, **quantized}
 
 
 def test_system_info_names_the_multirow_kernels():
@@ -249,7 +251,7 @@ def test_weights_are_read_onto_huge_page_hinted_memory(kernel_models):
     buffer: it must not be mapped from its file, and the hinted memory must grow by its size
     (less the last partial 2 MiB, which ggml leaves on small pages). In a fresh process: in
     this one, malloc may place the buffer in memory an earlier test's buffer already hinted."""
-    path = kernel_models["f16"].with_name("random-f32.gguf")
+    path = kernel_models["f32"]
     system_info()
     env = {k: v for k, v in os.environ.items() if k != "LLAMASPEC_MMAP"}
     done = subprocess.run([sys.executable, "-c", _HUGE_PAGE_PROBE, str(path)], capture_output=True, text=True,
