@@ -188,6 +188,26 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
 
 
+def test_q6_K_repack_agrees_with_the_unpacked_kernels(kernel_models):
+    """cpp_patches/0005: with AVX512-VNNI, Q6_K weights are repacked 8 columns x 4 bytes and run
+    through their own gemv and multi-row kernels, which round each block's exact integer dot
+    product once where the unpacked kernel rounds 8 lane partials. So the logits must agree with
+    the unrepacked model's (ModelOptions.repack=False) to float rounding, and not bit for bit:
+    a mistake in the unpacking or the scales moves them by orders of magnitude more, and equal
+    logits would mean the repack did not run."""
+    from llamaspec.llama import Model, ModelOptions
+
+    if " AVX512_VNNI = 1" not in system_info():
+        pytest.skip("the Q6_K repack is for AVX512-VNNI CPUs")
+    logits = {}
+    for repack in (True, False):
+        with Model(kernel_models["q6_k"], ModelOptions(n_threads=2, n_ctx=128, repack=repack)) as model:
+            tokens = model.tokenize("Once upon a time there was a little girl who lived in a village", add_special=True)
+            logits[repack] = model.eval(tokens, all_logits=True).copy()
+    difference = np.abs(logits[True] - logits[False]).max()
+    assert 0 < difference <= 1e-4 * np.abs(logits[False]).max(), difference
+
+
 def _quantize_q8_K(function, x: np.ndarray) -> bytes:
     """One call of a ggml quantize_row_q8_K-shaped function on float32 x: the block_q8_K bytes."""
     out = ctypes.create_string_buffer(len(x) // 256 * (4 + 256 + 2 * 16))  # per block: d, qs, bsums
