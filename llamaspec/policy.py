@@ -56,13 +56,10 @@ class MeasuredCurve(Mapping[int, float]):
         current = self.ratio(n_tokens)
         measured = min(max(ms / self.calibrated[n_tokens], current / self.clip), current * self.clip)
         self.ratios[n_tokens] = self.memory * self.ratios.get(n_tokens, current) + (1.0 - self.memory) * measured
-        self._corrected = {n: ms * self.ratio(n) for n, ms in self.calibrated.items()}
+        self._corrected = {n: cost * self.ratio(n) for n, cost in self.calibrated.items()}
 
     def __getitem__(self, n_tokens: int) -> float:
         return self._corrected[n_tokens]
-
-    def __contains__(self, n_tokens: object) -> bool:  # Mapping's would compute the value to drop it
-        return n_tokens in self.calibrated
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.calibrated)

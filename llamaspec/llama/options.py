@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 from ..errors import LlamaSpecError
 from .backend import ll
@@ -26,12 +26,9 @@ def _env_timeout() -> float:
     return float(os.environ.get("LLAMASPEC_RPC_TIMEOUT") or 120)
 
 
-def _env_log() -> bool:
-    return bool(os.environ.get("LLAMASPEC_LOG"))
-
-
-def _env_mmap() -> bool:
-    return bool(os.environ.get("LLAMASPEC_MMAP"))
+def _env_flag(name: str) -> Callable[[], bool]:
+    """A field default: whether the environment variable is set (non-empty)."""
+    return lambda: bool(os.environ.get(name))
 
 
 @dataclass(frozen=True)
@@ -48,10 +45,10 @@ class ModelOptions:
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers that hold the layers
     # Seconds an RPC call may wait for a server before failing (a vanished host, a hung server).
     rpc_timeout: float = field(default_factory=_env_timeout)
-    log: bool = field(default_factory=_env_log)  # echo llama.cpp's own log on stderr ($LLAMASPEC_LOG)
+    log: bool = field(default_factory=_env_flag("LLAMASPEC_LOG"))  # echo llama.cpp's own log on stderr
     # Map the GGUF as llama.cpp does (shared page cache; a model larger than free memory can
     # still run) instead of reading it onto huge pages ($LLAMASPEC_MMAP).
-    mmap: bool = field(default_factory=_env_mmap)
+    mmap: bool = field(default_factory=_env_flag("LLAMASPEC_MMAP"))
 
     @property
     def on_this_cpu(self) -> bool:
