@@ -48,6 +48,21 @@ LOOKAHEAD_MAX = 8  # the most guesses a draft model eval carries (drafters/looka
 LOOKUP_MS_PER_TOKEN = 0.05  # an n-gram or suffix-trie lookup: free next to any model evaluation
 
 
+def compose_drafter(kind: str, lookup_policy: DraftPolicy, model_drafter: Drafter | None) -> Drafter:
+    """The drafter of a resolved kind (model, ngram, suffix or hybrid) around a draft model's
+    drafter (None for the lookup kinds): one definition for the decoder and for the replays of
+    scripts/policy_bounds.py."""
+    if kind == "ngram":
+        return NgramDrafter(policy=lookup_policy)
+    if kind == "suffix":
+        return SuffixDrafter(policy=lookup_policy)
+    assert model_drafter is not None, kind
+    if kind == "model":
+        return model_drafter
+    # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
+    return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     """What a decoder decided once, at construction; shared by every decoder made from it."""
@@ -124,10 +139,8 @@ class Decoder(CompletionMixin):
         # certain): k's ceiling is chosen up front from the acceptance so far, and the suffix
         # drafter's own rule (match length, frequencies) drafts up to it.
         lookup_policy = AdaptiveK(CostModel(config.verify_ms, LOOKUP_MS_PER_TOKEN), k) if auto else FixedK()
-        if kind == "ngram":
-            return NgramDrafter(policy=lookup_policy)
-        if kind == "suffix":
-            return SuffixDrafter(policy=lookup_policy)
+        if kind in ("ngram", "suffix"):
+            return compose_drafter(kind, lookup_policy, None)
         assert self.draft_model is not None
         if auto:
             model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms), k)
@@ -137,10 +150,7 @@ class Decoder(CompletionMixin):
         # needs the draft's cost curve to decide how many).
         lookahead = CopyLookahead(config.draft_ms, LOOKAHEAD_MAX) if auto else None
         model_drafter = DraftModelDrafter(self.draft_model, model_policy, lookahead, self._observer(config.draft_ms))
-        if kind == "model":
-            return model_drafter
-        # As with the n-gram lookup hybrid used before, a match of 3 tokens or more beats the model.
-        return HybridDrafter(SuffixDrafter(min_match=3, policy=lookup_policy), model_drafter)
+        return compose_drafter(kind, lookup_policy, model_drafter)
 
     def _observer(self, curve: Mapping[int, float]) -> Callable[[int, float], None] | None:
         return curve.observe if self._measure_costs and isinstance(curve, MeasuredCurve) else None

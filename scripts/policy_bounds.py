@@ -8,6 +8,9 @@ is accepted iff it equals the target's token there; after a rejection the rest i
 With the measured verify cost per batch size and the draft's cost per token, each policy
 is replayed without running the models again, including "perfect foresight" (k chosen
 knowing how many tokens will be accepted): the ceiling for this drafter on this machine.
+The decoder's own drafters (draft model, suffix trie, hybrid) are replayed as the decoder
+builds them (`compose_drafter`), and foresight over the suffix trie's proposals, alone and
+together with the draft model's, bounds every hybrid of the two.
 
     .venv/bin/python scripts/policy_bounds.py [--target NAME|PATH] [--draft NAME|PATH ...]
         [--max-tokens 128] [--draft-ms MS] [--json FILE]
@@ -34,13 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llamaspec.calibrate import eval_costs  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
-from llamaspec.decoder import K_MAX, SpeculativeDecoder, draft_costs  # noqa: E402
-from llamaspec.drafters import common_prefix_len  # noqa: E402
+from llamaspec.decoder import K_MAX, LOOKUP_MS_PER_TOKEN, SpeculativeDecoder, compose_drafter, draft_costs  # noqa: E402
+from llamaspec.drafters import Draft, Drafter, common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
+from llamaspec.drafters.suffix import SuffixDrafter  # noqa: E402
 from llamaspec.llama import Model, ModelOptions  # noqa: E402
 from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, DraftPolicy, draft_steps  # noqa: E402
 from llamaspec.models import DEFAULT_DRAFT  # noqa: E402
 from llamaspec.prompts import load_prompts  # noqa: E402
+from llamaspec.sampling import Sampler  # noqa: E402
 
 
 class Text:
@@ -106,35 +111,95 @@ def fixed(costs: CostModel, k: int) -> Step:
     return lambda text, at: (text.run(at, k) + 1, costs.step_ms(k))
 
 
+Options = Callable[[Text, int], list[tuple[int, float]]]  # a step's (tokens emitted, ms) choices at a position
+
+
+def foresight_of(options: Options) -> Step:
+    """Perfect foresight: the fastest way through the text when every step's options are known.
+    A step's options depend on its position only (the text is fixed), so the shortest path over
+    positions is the exact ceiling; choosing the best rate step by step is not (a fast long
+    step can skip the positions from which faster ones start)."""
+    plans: dict[int, list[tuple[int, float]]] = {}
+
+    def step(text: Text, at: int) -> tuple[int, float]:
+        if id(text) not in plans:
+            n = len(text.output)
+            hops = [options(text, p) for p in range(n)]  # in order: lookups follow the context
+            best, plan = [0.0] * (n + 1), [(1, 0.0)] * n
+            for p in reversed(range(n)):
+                best[p], plan[p] = min((ms + best[min(n, p + emitted)], (emitted, ms)) for emitted, ms in hops[p])
+            plans[id(text)] = plan
+        return plans[id(text)][at]
+    return step
+
+
 def foresight(costs: CostModel, k_max: int) -> Step:
+    """The draft model with k chosen knowing how many of its guesses will be accepted."""
+    return foresight_of(lambda text, at: [(j + 1, costs.step_ms(j))
+                                          for j in range(text.run(at, min(k_max, len(text.output) - at - 1)) + 1)])
+
+
+class RecordedDraftModel:
+    """The draft model as a Drafter on one recorded text: its policy runs as DraftModelDrafter
+    runs it, on the recorded guesses and probabilities, and each drafted token costs draft_ms."""
+
+    def __init__(self, text: Text, policy: DraftPolicy, draft_ms: float):
+        self.text, self.policy, self.draft_ms = text, policy, draft_ms
+        self.spent_ms = 0.0
+
+    def prefill(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], max_k: int, sampler: Sampler) -> Draft:
+        at = len(context) - len(self.text.prompt)
+        drafted, kept = draft_steps(self.policy, max_k, lambda i: (float(self.text.prob[at + i]), True))
+        self.spent_ms += self.draft_ms * drafted
+        return Draft(self.text.guess[at:at + kept].tolist())
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        self.policy.update(n_drafted, n_accepted)
+
+    def close(self) -> None:
+        pass
+
+
+def driven(costs: CostModel, kind: str, model_policy: Callable[[], DraftPolicy]) -> Step:
+    """The decoder's drafter of a kind (k=auto), stepped on recorded text: lookups are charged
+    as the decoder's cost model charges them, the draft model per drafted token."""
+    lookup_costs = CostModel(costs.verify_ms, LOOKUP_MS_PER_TOKEN)
+    drafters: dict[int, tuple[Drafter, RecordedDraftModel]] = {}
+    greedy = Sampler()
+
     def step(text: Text, at: int) -> tuple[int, float]:
-        a = text.run(at, k_max)
-        k = max(range(a + 1), key=lambda j: (j + 1) / costs.step_ms(j))
-        return k + 1, costs.step_ms(k)
+        if id(text) not in drafters:
+            model = RecordedDraftModel(text, model_policy(), costs.draft_token_ms())
+            drafter = compose_drafter(kind, AdaptiveK(lookup_costs, K_MAX), model)
+            drafter.prefill(text.prompt)
+            drafters[id(text)] = drafter, model
+        drafter, model = drafters[id(text)]
+        spent = model.spent_ms
+        draft = drafter.propose(text.prompt + text.output[:at], min(K_MAX, len(text.output) - at - 1), greedy)
+        accepted = common_prefix_len(draft.tokens, text.output[at:])
+        drafter.observe(len(draft.tokens), accepted)
+        drafting_ms = model.spent_ms - spent or LOOKUP_MS_PER_TOKEN * len(draft.tokens)
+        return accepted + 1, drafting_ms + costs.verify(len(draft.tokens) + 1)
     return step
 
 
-def with_policy(costs: CostModel, policy: DraftPolicy) -> Step:
-    """The policy driven by `draft_steps`, as DraftModelDrafter drives it, on recorded guesses."""
-    def step(text: Text, at: int) -> tuple[int, float]:
-        drafted, kept = draft_steps(policy, min(K_MAX, len(text.output) - at - 1),
-                                    lambda i: (float(text.prob[at + i]), True))
-        accepted = text.run(at, kept)
-        policy.update(kept, accepted)
-        return accepted + 1, costs.draft_token_ms() * drafted + costs.verify(kept + 1)
-    return step
+def lookup_foresight(costs: CostModel, make: Callable[[], NgramDrafter | SuffixDrafter], model: bool = False) -> Step:
+    """Perfect foresight over a lookup drafter's proposals (the lookup free); with `model`, over
+    the draft model's guesses too, either at every step: the ceiling of any hybrid of the two."""
+    lookups: dict[int, NgramDrafter | SuffixDrafter] = {}
 
-
-def ngram_foresight(costs: CostModel) -> Step:
-    drafters: dict[int, NgramDrafter] = {}
-
-    def step(text: Text, at: int) -> tuple[int, float]:
-        lookup = drafters.setdefault(id(text), NgramDrafter(2, 5))
-        proposal = lookup.lookup(text.prompt + text.output[:at], K_MAX)
-        a = common_prefix_len(proposal, text.output[at:])
-        k = max(range(a + 1), key=lambda j: (j + 1) / costs.verify(j + 1))
-        return k + 1, costs.verify(k + 1)
-    return step
+    def options(text: Text, at: int) -> list[tuple[int, float]]:
+        lookup = lookups.setdefault(id(text), make())
+        limit = min(K_MAX, len(text.output) - at - 1)
+        a = common_prefix_len(lookup.lookup(text.prompt + text.output[:at], limit), text.output[at:])
+        found = [(j + 1, costs.verify(j + 1)) for j in range(a + 1)]
+        if model:
+            found += [(j + 1, costs.step_ms(j)) for j in range(text.run(at, limit) + 1)]
+        return found
+    return foresight_of(options)
 
 
 def main() -> None:
@@ -160,11 +225,15 @@ def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) 
     print(f"\n{name}: draft ms/token {costs.draft_token_ms():g} (calibrated {draft_ms:g}, "
           f"{draft_ms / costs.verify(1):.3f}x a target decode)")
     rows = [("fixed k=3", lambda: fixed(costs, 3)), ("fixed k=4", lambda: fixed(costs, 4)),
-            ("AdaptiveK (k up front)", lambda: with_policy(costs, AdaptiveK(costs, K_MAX))),
-            ("ConfidenceK (default)", lambda: with_policy(costs, ConfidenceK(costs, K_MAX))),
+            ("AdaptiveK (k up front)", lambda: driven(costs, "model", lambda: AdaptiveK(costs, K_MAX))),
+            ("ConfidenceK (default)", lambda: driven(costs, "model", lambda: ConfidenceK(costs, K_MAX))),
+            ("suffix drafter", lambda: driven(costs, "suffix", lambda: ConfidenceK(costs, K_MAX))),
+            ("hybrid (default drafter)", lambda: driven(costs, "hybrid", lambda: ConfidenceK(costs, K_MAX))),
             ("foresight, k <= 3", lambda: foresight(costs, 3)),
             (f"foresight, k <= {K_MAX}", lambda: foresight(costs, K_MAX)),
-            (f"n-gram foresight, k <= {K_MAX}", lambda: ngram_foresight(costs))]
+            (f"n-gram foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, lambda: NgramDrafter(2, 5))),
+            (f"suffix foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, SuffixDrafter)),
+            (f"foresight, model or suffix, k <= {K_MAX}", lambda: lookup_foresight(costs, SuffixDrafter, model=True))]
     runs = [text.run(at, K_MAX) for text in texts for at in range(len(text.output))]
     by_position = [sum(r >= i for r in runs) / max(sum(r >= i - 1 for r in runs), 1) for i in range(1, 9)]
     print("draft acceptance by position (P(i accepted | 1..i-1 accepted)), i = 1..8: "

@@ -1,0 +1,65 @@
+"""scripts/policy_bounds.py's replays, model-free: the decoder's drafters stepped on recorded text."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamaspec.policy import ConfidenceK, CostModel
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "policy_bounds.py"
+
+
+@pytest.fixture(scope="module")
+def bounds():
+    spec = importlib.util.spec_from_file_location("policy_bounds", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+COSTS = CostModel({n: 10.0 + n for n in range(1, 17)}, 5.0)  # cheap verify batches, a 5 ms draft token
+
+
+def copy_text(bounds, draft_right: bool):
+    """An answer that copies its 30-token prompt three times; the draft model's guesses are
+    all right (probability 0.99) or all wrong (probability 0.05)."""
+    prompt = list(range(100, 130))
+    output = prompt * 3
+    guess = np.array(output) if draft_right else np.full(len(output), 7)
+    prob = np.full(len(output), 0.99 if draft_right else 0.05)
+    return bounds.Text("edit", prompt, output, guess, prob)
+
+
+def speedup(bounds, text, make) -> float:
+    return bounds.replay([text], COSTS, make)["all"]
+
+
+def test_hybrid_replay_takes_the_suffix_tries_copies(bounds):
+    """A wrong draft model drafts nothing worth verifying; the default hybrid's suffix trie
+    copies the prompt at lookup cost, as the decoder's drafter would."""
+    text = copy_text(bounds, draft_right=False)
+    model_only = speedup(bounds, text, lambda: bounds.driven(COSTS, "model", lambda: ConfidenceK(COSTS, 15)))
+    hybrid = speedup(bounds, text, lambda: bounds.driven(COSTS, "hybrid", lambda: ConfidenceK(COSTS, 15)))
+    suffix = speedup(bounds, text, lambda: bounds.driven(COSTS, "suffix", lambda: ConfidenceK(COSTS, 15)))
+    assert model_only < 1.05
+    assert hybrid > 3.0 and suffix > 3.0
+
+
+def test_draft_model_replay_charges_every_drafted_token(bounds):
+    """All guesses right: ConfidenceK drafts long, and each step costs its drafted tokens at
+    5 ms plus the verify batch, so the speedup stays below the free-draft ceiling."""
+    text = copy_text(bounds, draft_right=True)
+    replayed = speedup(bounds, text, lambda: bounds.driven(COSTS, "model", lambda: ConfidenceK(COSTS, 15)))
+    assert 1.5 < replayed < len(text.output) * COSTS.verify(1) / (COSTS.verify(16) * len(text.output) / 16)
+
+
+def test_foresight_over_both_drafters_bounds_each(bounds):
+    for draft_right in (False, True):
+        text = copy_text(bounds, draft_right)
+        suffix = speedup(bounds, text, lambda: bounds.lookup_foresight(COSTS, bounds.SuffixDrafter))
+        model = speedup(bounds, text, lambda: bounds.foresight(COSTS, 15))
+        both = speedup(bounds, text, lambda: bounds.lookup_foresight(COSTS, bounds.SuffixDrafter, model=True))
+        assert both >= max(suffix, model) - 1e-9
+        assert both > 3.0
