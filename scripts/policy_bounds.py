@@ -133,10 +133,15 @@ def foresight_of(options: Options) -> Step:
     return step
 
 
+def model_options(costs: CostModel, k_max: int) -> Options:
+    """The draft model's steps at a position: draft j <= k_max tokens, all of them accepted."""
+    return lambda text, at: [(j + 1, costs.step_ms(j))
+                             for j in range(text.run(at, min(k_max, len(text.output) - at - 1)) + 1)]
+
+
 def foresight(costs: CostModel, k_max: int) -> Step:
     """The draft model with k chosen knowing how many of its guesses will be accepted."""
-    return foresight_of(lambda text, at: [(j + 1, costs.step_ms(j))
-                                          for j in range(text.run(at, min(k_max, len(text.output) - at - 1)) + 1)])
+    return foresight_of(model_options(costs, k_max))
 
 
 class RecordedDraftModel:
@@ -190,15 +195,14 @@ def lookup_foresight(costs: CostModel, make: Callable[[], NgramDrafter | SuffixD
     """Perfect foresight over a lookup drafter's proposals (the lookup free); with `model`, over
     the draft model's guesses too, either at every step: the ceiling of any hybrid of the two."""
     lookups: dict[int, NgramDrafter | SuffixDrafter] = {}
+    drafted = model_options(costs, K_MAX)
 
     def options(text: Text, at: int) -> list[tuple[int, float]]:
         lookup = lookups.setdefault(id(text), make())
         limit = min(K_MAX, len(text.output) - at - 1)
         a = common_prefix_len(lookup.lookup(text.prompt + text.output[:at], limit), text.output[at:])
         found = [(j + 1, costs.verify(j + 1)) for j in range(a + 1)]
-        if model:
-            found += [(j + 1, costs.step_ms(j)) for j in range(text.run(at, limit) + 1)]
-        return found
+        return found + drafted(text, at) if model else found
     return foresight_of(options)
 
 
