@@ -10,7 +10,8 @@ is replayed without running the models again, including "perfect foresight" (k c
 knowing how many tokens will be accepted): the ceiling for this drafter on this machine.
 The decoder's own drafters (draft model, suffix trie, hybrid) are replayed as the decoder
 builds them (`compose_drafter`), and foresight over the suffix trie's proposals, alone and
-together with the draft model's, bounds every hybrid of the two.
+together with the draft model's, bounds every hybrid of the two. A token tree that verifies
+both drafters' proposals in one batch, rather than choosing one, is replayed beside them.
 
     .venv/bin/python scripts/policy_bounds.py [--target NAME|PATH] [--draft NAME|PATH ...]
         [--max-tokens 128] [--draft-ms MS] [--json FILE]
@@ -191,6 +192,32 @@ def driven(costs: CostModel, kind: str, model_policy: Callable[[], DraftPolicy])
     return step
 
 
+def tree(costs: CostModel, model_policy: Callable[[], DraftPolicy]) -> Step:
+    """The hybrid's two drafters verified together instead of chosen between: the suffix
+    trie's proposal and the draft model's chain as two branches of one token tree (their
+    common prefix shared) in one batch, the longer agreeing branch kept. The decoder verifies
+    one chain (a tree needs a KV sequence per branch); this row says what a tree would gain."""
+    lookup_costs = CostModel(costs.verify_ms, LOOKUP_MS_PER_TOKEN)
+    drafters: dict[int, tuple[SuffixDrafter, RecordedDraftModel]] = {}
+    greedy = Sampler()
+
+    def step(text: Text, at: int) -> tuple[int, float]:
+        if id(text) not in drafters:
+            lookup = SuffixDrafter(min_match=3, policy=AdaptiveK(lookup_costs, K_MAX))  # as in the hybrid
+            lookup.prefill(text.prompt)
+            drafters[id(text)] = lookup, RecordedDraftModel(text, model_policy(), costs.draft_token_ms())
+        lookup, model = drafters[id(text)]
+        context, limit, spent = text.prompt + text.output[:at], min(K_MAX, len(text.output) - at - 1), model.spent_ms
+        branches = [drafter.propose(context, limit, greedy).tokens for drafter in (lookup, model)]
+        accepted = [common_prefix_len(branch, text.output[at:]) for branch in branches]
+        lookup.observe(len(branches[0]), accepted[0])
+        model.observe(len(branches[1]), accepted[1])
+        n_batch = 1 + len(branches[0]) + len(branches[1]) - common_prefix_len(*branches)
+        drafting_ms = model.spent_ms - spent + LOOKUP_MS_PER_TOKEN * len(branches[0])
+        return max(accepted) + 1, drafting_ms + costs.verify(n_batch)
+    return step
+
+
 def lookup_foresight(costs: CostModel, make: Callable[[], NgramDrafter | SuffixDrafter], model: bool = False) -> Step:
     """Perfect foresight over a lookup drafter's proposals (the lookup free); with `model`, over
     the draft model's guesses too, either at every step: the ceiling of any hybrid of the two."""
@@ -233,6 +260,7 @@ def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) 
             ("ConfidenceK (default)", lambda: driven(costs, "model", lambda: ConfidenceK(costs, K_MAX))),
             ("suffix drafter", lambda: driven(costs, "suffix", lambda: ConfidenceK(costs, K_MAX))),
             ("hybrid (default drafter)", lambda: driven(costs, "hybrid", lambda: ConfidenceK(costs, K_MAX))),
+            ("tree: suffix and model", lambda: tree(costs, lambda: ConfidenceK(costs, K_MAX))),
             ("foresight, k <= 3", lambda: foresight(costs, 3)),
             (f"foresight, k <= {K_MAX}", lambda: foresight(costs, K_MAX)),
             (f"n-gram foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, lambda: NgramDrafter(2, 5))),
