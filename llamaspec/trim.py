@@ -56,11 +56,12 @@ class TrimmedVocab:
 
         return dequantize(self.embd[np.fromiter(tokens, dtype=np.int64)], self.embd_type)
 
-    def expand(self, logits: np.ndarray) -> np.ndarray:
-        """(rows, N) draft logits as (rows, n_full) target-vocabulary logits, -inf where cut."""
-        full = np.full((logits.shape[0], self.n_full), -np.inf, dtype=np.float32)
-        full[:, self.ids] = logits
-        return full
+    def expand(self, logits: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """(rows, N) draft logits as (rows, n_full) target-vocabulary logits, written into
+        `out`, whose cut columns hold -inf: only the kept ones are written, so one buffer
+        serves every eval (a fresh 600 KB array a row cost 0.7 ms a draft token in the loop)."""
+        out[:, self.ids] = logits
+        return out
 
 
 def load(model_path: Path, inputs_name: str, inputs_sha256: str) -> TrimmedVocab:

@@ -31,8 +31,11 @@ def test_choose_tokens_refuses_sizes_out_of_range(n_keep):
 
 def test_expand_scatters_and_cuts():
     vocab = trim.TrimmedVocab(np.array([1, 3]), np.array([-1, 0, -1, 1]), np.zeros((4, 1), np.uint8), 0, [])
-    full = vocab.expand(np.array([[2.0, 5.0]], dtype=np.float32))
+    out = np.full((1, 4), -np.inf, dtype=np.float32)
+    full = vocab.expand(np.array([[2.0, 5.0]], dtype=np.float32), out)
     assert full.tolist() == [[-np.inf, 2.0, -np.inf, 5.0]]
+    full = vocab.expand(np.array([[-1.0, 0.5]], dtype=np.float32), out)  # the buffer again
+    assert full.tolist() == [[-np.inf, -1.0, -np.inf, 0.5]]
     assert (vocab.local(3), vocab.local(2), vocab.local(4), vocab.local(-1)) == (1, -1, -1, -1)
 
 

@@ -35,6 +35,7 @@ class DraftModelDrafter:
         self.policy = policy or FixedK()
         self.lookahead = lookahead
         self.on_eval = on_eval
+        self._scratch = np.empty(model.n_vocab, dtype=np.float32)  # _top_prob's working row
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """The prompt but its last token, which the first step evaluates for its logits."""
@@ -91,7 +92,7 @@ class DraftModelDrafter:
                     missed, ready = 1, ready[: j + 1]  # the draft left the guesses: later rows are void
             sure = 1.0
             if policy.wants_prob:
-                sure = float(probs[-1][token]) if probs else _top_prob(logits, token)
+                sure = float(probs[-1][token]) if probs else _top_prob(logits, token, self._scratch)
             return sure, not model.is_eog(token)
 
         _, n = draft_steps(policy, max_k, next_token)
@@ -117,6 +118,9 @@ class Lookahead(Protocol):
         ...
 
 
-def _top_prob(logits: np.ndarray, token: int) -> float:
-    """The softmax probability of the argmax token (float32 is precise enough here)."""
-    return 1.0 / float(np.exp(np.asarray(logits, dtype=np.float32) - logits[token]).sum())
+def _top_prob(logits: np.ndarray, token: int, scratch: np.ndarray) -> float:
+    """The softmax probability of the argmax token (float32 is precise enough here), worked
+    out in `scratch`: two fresh full-vocabulary temporaries a drafted token cost more than
+    the sum itself."""
+    np.subtract(logits, logits[token], out=scratch)
+    return 1.0 / float(np.exp(scratch, out=scratch).sum())

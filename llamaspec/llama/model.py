@@ -91,6 +91,7 @@ class Model:
         self._embd = None if not n_embd else np.ctypeslib.as_array(self._batch.embd, shape=(options.n_batch, n_embd))
         self.n_vocab_local: int = ll.llama_vocab_n_tokens(self._vocab)  # rows of the logits llama.cpp computes
         self.n_vocab: int = self.trimmed.n_full if self.trimmed is not None else self.n_vocab_local
+        self._expanded = np.empty((0, self.n_vocab), dtype=np.float32)  # a trimmed draft's logits, by target id
         self.n_ctx: int = ll.llama_n_ctx(self._ctx)
         self.n_batch: int = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.needs_state_rollback = bool(
@@ -337,7 +338,11 @@ class Model:
     def _logits_view(self, n_rows: int) -> np.ndarray:
         pointer = ll.llama_get_logits(self._ctx)
         view = np.ctypeslib.as_array(pointer, shape=(n_rows, self.n_vocab_local))
-        return view if self.trimmed is None else self.trimmed.expand(view)
+        if self.trimmed is None:
+            return view
+        if len(self._expanded) < n_rows:
+            self._expanded = np.full((n_rows, self.n_vocab), -np.inf, dtype=np.float32)
+        return self.trimmed.expand(view, self._expanded[:n_rows])
 
     def rollback(self, n_keep: int, seq: int = _SEQ) -> None:
         """Keep the first `n_keep` cached tokens of a sequence and forget the rest.
