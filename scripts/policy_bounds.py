@@ -169,22 +169,35 @@ class RecordedDraftModel:
         pass
 
 
-def driven(costs: CostModel, kind: str, model_policy: Callable[[], DraftPolicy]) -> Step:
-    """The decoder's drafter of a kind (k=auto), stepped on recorded text: lookups are charged
-    as the decoder's cost model charges them, the draft model per drafted token."""
+GREEDY = Sampler()  # the replays decode greedily, as the recorded text was
+
+
+def per_text(costs: CostModel, kind: str,
+             model_policy: Callable[[], DraftPolicy]) -> Callable[[Text], tuple[Drafter, RecordedDraftModel]]:
+    """The decoder's drafter of a kind (k=auto) around the recorded draft model, one per text,
+    made on the text's first step: lookups charged as the decoder's cost model charges them."""
     lookup_costs = CostModel(costs.verify_ms, LOOKUP_MS_PER_TOKEN)
     drafters: dict[int, tuple[Drafter, RecordedDraftModel]] = {}
-    greedy = Sampler()
 
-    def step(text: Text, at: int) -> tuple[int, float]:
+    def of(text: Text) -> tuple[Drafter, RecordedDraftModel]:
         if id(text) not in drafters:
             model = RecordedDraftModel(text, model_policy(), costs.draft_token_ms())
             drafter = compose_drafter(kind, AdaptiveK(lookup_costs, K_MAX), model)
             drafter.prefill(text.prompt)
             drafters[id(text)] = drafter, model
-        drafter, model = drafters[id(text)]
+        return drafters[id(text)]
+    return of
+
+
+def driven(costs: CostModel, kind: str, model_policy: Callable[[], DraftPolicy]) -> Step:
+    """The decoder's drafter of a kind stepped on recorded text, the draft model charged per
+    drafted token."""
+    drafters = per_text(costs, kind, model_policy)
+
+    def step(text: Text, at: int) -> tuple[int, float]:
+        drafter, model = drafters(text)
         spent = model.spent_ms
-        draft = drafter.propose(text.prompt + text.output[:at], min(K_MAX, len(text.output) - at - 1), greedy)
+        draft = drafter.propose(text.prompt + text.output[:at], min(K_MAX, len(text.output) - at - 1), GREEDY)
         accepted = common_prefix_len(draft.tokens, text.output[at:])
         drafter.observe(len(draft.tokens), accepted)
         drafting_ms = model.spent_ms - spent or LOOKUP_MS_PER_TOKEN * len(draft.tokens)
@@ -197,18 +210,13 @@ def tree(costs: CostModel, model_policy: Callable[[], DraftPolicy]) -> Step:
     trie's proposal and the draft model's chain as two branches of one token tree (their
     common prefix shared) in one batch, the longer agreeing branch kept. The decoder verifies
     one chain (a tree needs a KV sequence per branch); this row says what a tree would gain."""
-    lookup_costs = CostModel(costs.verify_ms, LOOKUP_MS_PER_TOKEN)
-    drafters: dict[int, tuple[SuffixDrafter, RecordedDraftModel]] = {}
-    greedy = Sampler()
+    hybrids = per_text(costs, "hybrid", model_policy)
 
     def step(text: Text, at: int) -> tuple[int, float]:
-        if id(text) not in drafters:
-            lookup = SuffixDrafter(min_match=3, policy=AdaptiveK(lookup_costs, K_MAX))  # as in the hybrid
-            lookup.prefill(text.prompt)
-            drafters[id(text)] = lookup, RecordedDraftModel(text, model_policy(), costs.draft_token_ms())
-        lookup, model = drafters[id(text)]
+        hybrid, model = hybrids(text)
+        lookup = hybrid.lookup  # a HybridDrafter: its suffix trie, built as the decoder builds it
         context, limit, spent = text.prompt + text.output[:at], min(K_MAX, len(text.output) - at - 1), model.spent_ms
-        branches = [drafter.propose(context, limit, greedy).tokens for drafter in (lookup, model)]
+        branches = [drafter.propose(context, limit, GREEDY).tokens for drafter in (lookup, model)]
         accepted = [common_prefix_len(branch, text.output[at:]) for branch in branches]
         lookup.observe(len(branches[0]), accepted[0])
         model.observe(len(branches[1]), accepted[1])
