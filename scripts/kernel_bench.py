@@ -16,8 +16,12 @@ with (calibrate.choose_batch1_kernels), so a verify batch's true cost; the achie
 n = 1 (GB/s: matmul weight bytes read per token / time) and the effective int8 multiply-add
 rate at n = 16 (GMAC/s: 16 x weight elements / time) — the two physical limits.
 
+--by-type then loads the model again with every graph node timed alone (llama/profile.py)
+and prints, for stock and multirow, ms per weight type (the matrix products by their weights'
+type), attention, and the rest: where a verify batch's cost goes at each n.
+
     .venv/bin/python scripts/kernel_bench.py [--target NAME|PATH] [--threads 2] [--repeats 5]
-        [--json out.json]
+        [--by-type] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import json
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,10 +41,12 @@ from llamaspec.calibrate import N_CONTEXT, filler_tokens  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.errors import LlamaSpecError  # noqa: E402
 from llamaspec.llama import Model, ModelOptions, Multirow, set_cpu_kernels, system_info  # noqa: E402
+from llamaspec.llama.profile import by_operation  # noqa: E402
 from llamaspec.models import DEFAULT_TARGET, sha256_cached  # noqa: E402
 
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16]
 MODES = {"stock": (0, Multirow.OFF), "per-row": (16, Multirow.OFF), "multirow": (16, Multirow.ALL)}
+BY_TYPE_MODES = {mode: MODES[mode] for mode in ("stock", "multirow")}
 
 
 def matmul_weights(path: Path) -> tuple[int, int]:
@@ -52,23 +60,46 @@ def matmul_weights(path: Path) -> tuple[int, int]:
     return sum(int(t.n_bytes) for t in used), sum(int(t.n_elements) for t in used)
 
 
-def measure(model: Model, modes: dict[str, tuple[int, Multirow]], repeats: int) -> dict[str, dict[int, float]]:
+def measure(model: Model, modes: dict[str, tuple[int, Multirow]], repeats: int,
+            parts: Callable[[Model, float], dict[str, float]] = lambda _model, ms: {"eval": ms},
+            ) -> dict[str, dict[int, dict[str, float]]]:
+    """Median milliseconds by mode, batch size and part: `parts` splits one evaluation's
+    time (by default the whole eval; with --by-type its profile by weight type)."""
     base = filler_tokens(model)
     model.reset()
     model.eval(base)
-    times: dict[str, dict[int, list[float]]] = {mode: {n: [] for n in SIZES} for mode in modes}
+    times: dict[str, dict[int, dict[str, list[float]]]] = {
+        mode: {n: defaultdict(list) for n in SIZES} for mode in modes}
     for round_ in range(repeats + 1):  # round 0 warms up every mode
         for mode, (batch_invariant, multirow) in modes.items():
             set_cpu_kernels(batch_invariant, multirow)
             for n in SIZES:
                 start = time.perf_counter()
                 model.eval(base[:n], all_logits=True)
-                elapsed = time.perf_counter() - start
+                elapsed = 1000 * (time.perf_counter() - start)
                 model.rollback(len(base))
-                if round_:
-                    times[mode][n].append(elapsed)
+                for part, ms in parts(model, elapsed).items():
+                    if round_:
+                        times[mode][n][part].append(ms)
     set_cpu_kernels(16)
-    return {mode: {n: round(1000 * statistics.median(t), 2) for n, t in by_n.items()} for mode, by_n in times.items()}
+    return {mode: {n: {part: round(statistics.median(t), 2) for part, t in by_part.items()}
+                   for n, by_part in by_n.items()} for mode, by_n in times.items()}
+
+
+def profiled(model: Model, _elapsed: float) -> dict[str, float]:
+    """The nodes of the evaluation just made, summed by weight type (llama/profile.py)."""
+    assert model.op_timer is not None
+    return by_operation(model.op_timer.take())
+
+
+def print_by_type(by_type: dict[str, dict[int, dict[str, float]]]) -> None:
+    for mode, by_n in by_type.items():
+        parts = sorted({part for ms in by_n.values() for part in ms}, key=lambda p: (p == "other", p))
+        print(f"{mode}, ms per part (each node computed alone):")
+        print("n".rjust(4) + "".join(part.rjust(11) for part in parts) + "sum".rjust(9))
+        for n, ms in by_n.items():
+            print(str(n).rjust(4) + "".join(f"{ms.get(part, 0.0):11.2f}" for part in parts)
+                  + f"{sum(ms.values()):9.1f}")
 
 
 def main() -> int:
@@ -77,6 +108,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--by-type", action="store_true",
+                        help="also profile every graph node: ms per weight type, attention and the rest")
     args = parser.parse_args()
     if args.repeats < 1 or args.threads < 1:
         print("error: --repeats and --threads must be >= 1", file=sys.stderr)
@@ -87,7 +120,11 @@ def main() -> int:
             raise LlamaSpecError("this llama-cpp-python has no kernel switch: it is not the patched build "
                                  "(scripts/install.sh builds it; LLAMASPEC_STOCK=1 builds stock)")
         with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512)) as model:
-            costs = measure(model, MODES, args.repeats)
+            costs = {mode: {n: ms["eval"] for n, ms in by_n.items()}
+                     for mode, by_n in measure(model, MODES, args.repeats).items()}
+        if args.by_type:
+            with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512, profile_ops=True)) as model:
+                by_type = measure(model, BY_TYPE_MODES, args.repeats, profiled)
     except LlamaSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -109,6 +146,9 @@ def main() -> int:
                                         for m in MODES) + f"{report['multirow_ratio_to_faster_1'][n]:20.2f}x")
     print("GB/s at n = 1:    " + "  ".join(f"{m} {v}" for m, v in report["gb_per_s_at_1"].items()))
     print("GMAC/s at n = 16: " + "  ".join(f"{m} {v}" for m, v in report["gmac_per_s_at_16"].items()))
+    if args.by_type:
+        report["ms_by_type"] = by_type
+        print_by_type(by_type)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -21,6 +21,7 @@ from ..errors import ContextFullError, LlamaSpecError, ModelLoadError
 from . import backend
 from .backend import ll
 from .options import FLASH_ATTN, ModelOptions
+from .profile import OpTimer
 from .rpc import place_on_rpc_servers
 from .state import StateSnapshots
 
@@ -76,6 +77,9 @@ class Model:
         ctx_params.n_threads_batch = options.n_threads
         ctx_params.flash_attn_type = FLASH_ATTN[options.flash_attn]
         ctx_params.no_perf = True
+        self.op_timer = OpTimer() if options.profile_ops else None
+        if self.op_timer is not None:
+            ctx_params.cb_eval = self.op_timer.callback
         if self.n_swa > 0:
             # Rolling back after the window slid needs the full-size SWA cache.
             ctx_params.swa_full = True

@@ -49,6 +49,9 @@ class ModelOptions:
     # Map the GGUF as llama.cpp does (shared page cache; a model larger than free memory can
     # still run) instead of reading it onto huge pages ($LLAMASPEC_MMAP).
     mmap: bool = field(default_factory=_env_flag("LLAMASPEC_MMAP"))
+    # Compute every graph node alone and time it (`Model.op_timer`; profile.py): slower, for
+    # the per-operation breakdown of `scripts/kernel_bench.py --by-type` only.
+    profile_ops: bool = False
 
     @property
     def on_this_cpu(self) -> bool:
