@@ -10,11 +10,14 @@ machine hits all of them alike:
   multirow  batch-invariant with the multi-row kernels (cpp_patches/0002; the default build),
             a batch of 1 included
 
-Printed: ms per eval and the ratio to n = 1 for each mode; for multirow also the ratio to the
-faster batch-1 kernel (single-row, per-row's n = 1, or multi-row), the one llamaspec decodes
-with (calibrate.choose_batch1_kernels), so a verify batch's true cost; the achieved weight bandwidth at
-n = 1 (GB/s: matmul weight bytes read per token / time) and the effective int8 multiply-add
-rate at n = 16 (GMAC/s: 16 x weight elements / time) — the two physical limits.
+Printed: ms per eval (the median over rounds) and the ratio to n = 1 for each mode; for
+multirow also the ratio to the faster batch-1 kernel (single-row, per-row's n = 1, or
+multi-row), the one llamaspec decodes with (calibrate.choose_batch1_kernels), so a verify
+batch's true cost; batch 1 of per-row and multirow over stock's in the same round (quartiles
+of the paired ratios, which keep the machine's drift out of the comparison); the achieved
+weight bandwidth at n = 1 (GB/s: matmul weight bytes read per token / time) and the effective
+int8 multiply-add rate at n = 16 (GMAC/s: 16 x weight elements / time) — the two physical
+limits.
 
 --by-type then loads the model again with every graph node timed alone (llama/profile.py)
 and prints, for stock and multirow, ms per weight type (the matrix products by their weights'
@@ -62,9 +65,9 @@ def matmul_weights(path: Path) -> tuple[int, int]:
 
 def measure(model: Model, modes: dict[str, tuple[int, Multirow]], repeats: int,
             parts: Callable[[Model, float], dict[str, float]] = lambda _model, ms: {"eval": ms},
-            ) -> dict[str, dict[int, dict[str, float]]]:
-    """Median milliseconds by mode, batch size and part: `parts` splits one evaluation's
-    time (by default the whole eval; with --by-type its profile by weight type)."""
+            ) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """Milliseconds by mode, batch size and part, one per round: `parts` splits one
+    evaluation's time (by default the whole eval; with --by-type its profile by weight type)."""
     base = filler_tokens(model)
     model.reset()
     model.eval(base)
@@ -82,8 +85,26 @@ def measure(model: Model, modes: dict[str, tuple[int, Multirow]], repeats: int,
                     if round_:
                         times[mode][n][part].append(ms)
     set_cpu_kernels(16)
+    return times
+
+
+def medians(times: dict[str, dict[int, dict[str, list[float]]]]) -> dict[str, dict[int, dict[str, float]]]:
     return {mode: {n: {part: round(statistics.median(t), 2) for part, t in by_part.items()}
                    for n, by_part in by_n.items()} for mode, by_n in times.items()}
+
+
+def batch1_against_stock(times: dict[str, dict[int, dict[str, list[float]]]]) -> dict[str, dict[str, float]]:
+    """Each batch-invariant mode's batch 1 over stock's in the same round, as quartiles: on a
+    noisy machine medians taken apart swing by +-10 %, while the rounds' paired ratios keep
+    the drift that hits both out of the comparison."""
+    stock = times["stock"][1]["eval"]
+    out = {}
+    for mode in times:
+        if mode != "stock":
+            ratios = [ms / base for ms, base in zip(times[mode][1]["eval"], stock)]
+            q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            out[mode] = {"q1": round(q1, 3), "median": round(median, 3), "q3": round(q3, 3)}
+    return out
 
 
 def profiled(model: Model, _elapsed: float) -> dict[str, float]:
@@ -120,11 +141,11 @@ def main() -> int:
             raise LlamaSpecError("this llama-cpp-python has no kernel switch: it is not the patched build "
                                  "(scripts/install.sh builds it; LLAMASPEC_STOCK=1 builds stock)")
         with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512)) as model:
-            costs = {mode: {n: ms["eval"] for n, ms in by_n.items()}
-                     for mode, by_n in measure(model, MODES, args.repeats).items()}
+            times = measure(model, MODES, args.repeats)
+        costs = {mode: {n: ms["eval"] for n, ms in by_n.items()} for mode, by_n in medians(times).items()}
         if args.by_type:
             with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512, profile_ops=True)) as model:
-                by_type = measure(model, BY_TYPE_MODES, args.repeats, profiled)
+                by_type = medians(measure(model, BY_TYPE_MODES, args.repeats, profiled))
     except LlamaSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -139,6 +160,7 @@ def main() -> int:
     }
     best_1 = min(costs["per-row"][1], costs["multirow"][1])
     report["multirow_ratio_to_faster_1"] = {n: round(ms / best_1, 3) for n, ms in costs["multirow"].items()}
+    report["batch1_over_stock"] = batch1_against_stock(times)
     print(f"{path.name}, {args.threads} threads, median of {args.repeats}; ms per eval (ratio to n = 1)")
     print("n".rjust(4) + "".join(mode.rjust(20) for mode in MODES) + "  multirow / faster n=1")
     for n in SIZES:
@@ -146,6 +168,8 @@ def main() -> int:
                                         for m in MODES) + f"{report['multirow_ratio_to_faster_1'][n]:20.2f}x")
     print("GB/s at n = 1:    " + "  ".join(f"{m} {v}" for m, v in report["gb_per_s_at_1"].items()))
     print("GMAC/s at n = 16: " + "  ".join(f"{m} {v}" for m, v in report["gmac_per_s_at_16"].items()))
+    print("n = 1 over stock, paired by round (q1 / median / q3): " + "  ".join(
+        f"{m} {q['q1']:.3f} / {q['median']:.3f} / {q['q3']:.3f}" for m, q in report["batch1_over_stock"].items()))
     if args.by_type:
         report["ms_by_type"] = by_type
         print_by_type(by_type)
