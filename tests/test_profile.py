@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from llamaspec.errors import LlamaSpecError
 from llamaspec.llama import Model, ModelOptions
 from llamaspec.llama.profile import by_operation
 
@@ -33,3 +34,13 @@ def test_every_matrix_product_is_timed_and_the_numbers_do_not_change(request, fi
         assert all(ms >= 0 for ms in parts.values()) and parts[weights] > 0
         model.eval(tokens[:1])  # each take() holds one eval's nodes
         assert sum(op == f"MUL_MAT {weights}" for op, _ in model.op_timer.take()) == 7 * model.n_layer + 1
+
+
+def test_a_struct_layout_that_does_not_match_is_one_clear_error(stories, monkeypatch):
+    with Model(stories, ModelOptions(n_ctx=64, profile_ops=True)) as model:
+        timer = model.op_timer
+        timer._checked = False
+        monkeypatch.setattr(timer, "_get_name", lambda _pointer: b"not this node")
+        model.eval(model.tokenize("Once upon a time"))
+        with pytest.raises(LlamaSpecError, match="struct ggml_tensor"):
+            timer.take()

@@ -17,6 +17,7 @@ import ctypes
 import time
 from collections import defaultdict
 
+from ..errors import LlamaSpecError
 from .backend import ggml, ll
 
 
@@ -37,7 +38,8 @@ _WEIGHTED = {"MUL_MAT", "MUL_MAT_ID"}
 
 class OpTimer:
     """The callback and what it measured since the last `take()`: milliseconds per node,
-    keyed by operation (`MUL_MAT Q4_K` for a matrix product with Q4_K weights)."""
+    keyed by operation (`MUL_MAT q4_K` for a matrix product with Q4_K weights, in ggml's
+    spelling of type names)."""
 
     def __init__(self) -> None:
         lib = ggml()
@@ -48,6 +50,7 @@ class OpTimer:
         self._get_name = lib.ggml_get_name
         self._get_name.argtypes, self._get_name.restype = [ctypes.c_void_p], ctypes.c_char_p
         self._checked = False
+        self._layout_error = ""  # raised by take(): an exception cannot cross the C callback
         self._start = 0.0
         self.nodes: list[tuple[str, float]] = []
         self.callback = ll.ggml_backend_sched_eval_callback(self._on_node)
@@ -55,10 +58,12 @@ class OpTimer:
     def _label(self, pointer: int) -> str:
         tensor = _Tensor.from_address(pointer)
         if not self._checked:
-            if tensor.name != self._get_name(pointer) or not 0 <= tensor.type < 64:
-                raise RuntimeError("ggml_tensor's layout is not the one llamaspec.llama.profile knows")
             self._checked = True
+            if tensor.name != self._get_name(pointer) or not 0 <= tensor.type < 64:
+                self._layout_error = "this ggml's struct ggml_tensor is not the layout llamaspec.llama.profile reads"
         op = self._op_desc(pointer).decode()
+        if self._layout_error:
+            return op
         if op in _WEIGHTED and tensor.src[0]:
             return f"{op} {self._type_name(_Tensor.from_address(tensor.src[0]).type).decode()}"
         return op
@@ -73,6 +78,8 @@ class OpTimer:
 
     def take(self) -> list[tuple[str, float]]:
         """The nodes timed since the previous call, in graph order."""
+        if self._layout_error:
+            raise LlamaSpecError(self._layout_error)
         nodes, self.nodes = self.nodes, []
         return nodes
 
