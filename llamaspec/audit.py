@@ -170,28 +170,34 @@ class AuditReport:
 
 def run_audit(model: Model, prompts: list[list[int]], max_tokens: int, batch_max: int,
               batch1: bool = True) -> AuditReport:
-    """Steps 1-3 for every prompt, and step 4 where `batch1` and the model runs on the CPU."""
-    report = AuditReport(model.path.name, {b: BatchComparison() for b in range(2, batch_max + 1)},
-                         {k: [] for k in range(1, batch_max)})
-    batch1 = batch1 and model.options.on_this_cpu
-    for prompt in prompts:
-        model.reset()
-        plain, rows = plain_with_rows(model, prompt, max_tokens)
-        if batch1:
-            with other_batch1_kernels() as switched:
-                if switched:
-                    report.batch1 = report.batch1 or BatchComparison()
-                    compare_batched(model, prompt, plain, rows, 1, report.batch1)
-        for batch, comparison in report.batches.items():
-            compare_batched(model, prompt, plain, rows, batch, comparison)
-        for k in report.speculative:
+    """Steps 1-3 for every prompt, and step 4 where `batch1` and the model runs on the CPU.
+    Every decode runs with the process's kernel settings, which step 4 switches: a batch-1
+    choice of the model's own (Model.batch1_kernels) is set aside meanwhile."""
+    chosen, model.batch1_kernels = model.batch1_kernels, None
+    try:
+        report = AuditReport(model.path.name, {b: BatchComparison() for b in range(2, batch_max + 1)},
+                             {k: [] for k in range(1, batch_max)})
+        batch1 = batch1 and model.options.on_this_cpu
+        for prompt in prompts:
             model.reset()
-            out = list(generate_tokens(model, prompt, drafter=ScriptDrafter(prompt + plain), k=k,
-                                       max_tokens=max_tokens))
-            report.speculative[k].append(next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b),
-                                              None if len(out) == len(plain) else min(len(out), len(plain))))
-    model.reset()
-    return report
+            plain, rows = plain_with_rows(model, prompt, max_tokens)
+            if batch1:
+                with other_batch1_kernels() as switched:
+                    if switched:
+                        report.batch1 = report.batch1 or BatchComparison()
+                        compare_batched(model, prompt, plain, rows, 1, report.batch1)
+            for batch, comparison in report.batches.items():
+                compare_batched(model, prompt, plain, rows, batch, comparison)
+            for k in report.speculative:
+                model.reset()
+                out = list(generate_tokens(model, prompt, drafter=ScriptDrafter(prompt + plain), k=k,
+                                           max_tokens=max_tokens))
+                report.speculative[k].append(next((i for i, (a, b) in enumerate(zip(out, plain)) if a != b),
+                                                  None if len(out) == len(plain) else min(len(out), len(plain))))
+        model.reset()
+        return report
+    finally:
+        model.batch1_kernels = chosen
 
 
 def strict_cache_key(model: Model, batch_max: int) -> str:

@@ -143,6 +143,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
         draft_path = decoder.draft_model.path if decoder.draft_model else None
         strict_note = decoder.strict_note
         in_loop = decoder.config.verify_ms  # k=auto: the curve as the loop's timings corrected it
+        batch1 = {role: model.batch1_kernels and int(model.batch1_kernels[1])
+                  for role, model in (("target", decoder.target), ("draft", decoder.draft_model)) if model}
     return {
         "meta": {
             "llamaspec_version": __version__,
@@ -160,9 +162,11 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             "strict_note": strict_note,
             "build": system_info(),
             "build_id": build_id(),
-            # batch_invariant, multirow (1: a batch of 1 on the multi-row kernels, 2: on the single-row
-            # ones, as calibrate.choose_batch1_kernels measured faster here), control; null: stock build
+            # batch_invariant, multirow, control as the process is set; null: stock build
             "cpu_kernels": cpu_kernel_settings(),
+            # per model, the kernels a batch of 1 runs (1: multi-row, 2: single-row), as
+            # calibrate.choose_batch1_kernels measured faster for it here; null: the process's
+            "batch1_kernels": batch1,
             "verify_ms_by_batch": verify_ms,
             "verify_ms_in_loop": {n: round(ms, 2) for n, ms in in_loop.items()},
         },

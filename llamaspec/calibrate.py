@@ -26,7 +26,8 @@ def settings_key(model: Model) -> str:
     the one place cached measurements (cost curves, strict-mode audits) are keyed by. The build
     is part of it: a patched or differently compiled llama.cpp has other costs and results."""
     options = model.options
-    return (f"{system_info()}|build={build_id()}|kernels={cpu_kernel_settings()}|threads={options.n_threads}"
+    kernels = model.batch1_kernels or cpu_kernel_settings()
+    return (f"{system_info()}|build={build_id()}|kernels={kernels}|threads={options.n_threads}"
             f"|fa={options.flash_attn}|repack={options.repack}|n_batch={options.n_batch}|gpu={options.n_gpu_layers}"
             f"|rpc={','.join(options.rpc_servers)}")
 
@@ -87,37 +88,42 @@ def eval_costs(model: Model, sizes: list[int]) -> dict[int, float]:
     return {int(n): float(ms) for n, ms in costs.items()}
 
 
-def choose_batch1_kernels(models: Sequence[Model], repeats: int = 7) -> Multirow | None:
-    """Decode single tokens with whichever batch-1 kernel is faster for these models here, and
-    return it. Both are bit-identical (the audit proves it), only speed differs by CPU: on an
-    Intel Xeon the multi-row kernels made a token 13 % cheaper, on a Zen 4 20 % dearer (with the
-    whole-row prefetch they then had; now about even there). Measured once per models and
-    settings (both kernels taking turns), remembered. None where there is no choice
-    (batch1_kernel_choice), for models off this CPU, or with GGML_CPU_MULTIROW set by the user
-    (then it stands)."""
+def choose_batch1_kernels(models: Sequence[Model], repeats: int = 15) -> dict[str, Multirow]:
+    """Have each model decode single tokens with whichever batch-1 kernel is faster for it here
+    (`Model.batch1_kernels`), and return the choices by file name. Both are bit-identical (the
+    audit proves it), only speed differs, by CPU and by model: on an Intel Xeon the multi-row
+    kernels made a token 13 % cheaper; on a Zen 4 VM the 0.5B Q4_0 draft's 5 % cheaper and
+    the 1.5B Q4_K_M target's 2 % dearer. Measured once per model and settings (the kernels
+    taking turns, the faster by the median of their ratios within each round), remembered.
+    Empty where there is no choice (batch1_kernel_choice), for models off this CPU, or with
+    GGML_CPU_MULTIROW set by the user (then it stands)."""
     models = [model for model in models if model.options.on_this_cpu]
     settings = batch1_kernel_choice()
     if not models or settings is None or os.environ.get("GGML_CPU_MULTIROW"):
-        return None
+        return {}
     batch_invariant, _, control = settings
     candidates = (Multirow.BATCHES, Multirow.ALL)
 
-    def measure() -> int:
+    def measure(model: Model) -> int:
         times: dict[Multirow, list[float]] = {mode: [] for mode in candidates}
-        with at_filler_depth(models) as bases:
+        with at_filler_depth([model]) as (base,):
             for round_ in range(repeats + 1):  # round 0 warms up
-                for mode in candidates:
+                for mode in candidates if round_ % 2 else reversed(candidates):
                     set_cpu_kernels(batch_invariant, mode, control)
                     start = time.perf_counter()
-                    for model, base in zip(models, bases):
-                        model.eval(base[:1], all_logits=True)
-                        model.rollback(len(base))
+                    model.eval(base[:1], all_logits=True)
                     if round_:
                         times[mode].append(time.perf_counter() - start)
-        return int(min(candidates, key=lambda mode: statistics.median(times[mode])))
+                    model.rollback(len(base))
+        ratios = [a / b for a, b in zip(times[Multirow.ALL], times[Multirow.BATCHES])]
+        return int(Multirow.ALL if statistics.median(ratios) < 1 else Multirow.BATCHES)
 
-    set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)  # one key, whichever ran before
-    key = "|".join(_key(model, [1]) for model in models)
-    mode = Multirow(remembered("batch1_kernels", key, measure))
-    set_cpu_kernels(batch_invariant, mode, control)
-    return mode
+    chosen: dict[str, Multirow] = {}
+    for model in models:
+        model.batch1_kernels = None  # measured with the process's switch, which measure() sets
+        set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)  # one key, whichever ran before
+        mode = Multirow(remembered("batch1_kernels", _key(model, [1]), lambda: measure(model)))
+        model.batch1_kernels = (batch_invariant, mode, control)
+        chosen[model.path.name] = mode
+    set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)
+    return chosen

@@ -10,7 +10,7 @@ from conftest import STORY_PROMPTS, run_cli
 
 from llamaspec.audit import AuditReport, BatchComparison, compare_batched, plain_with_rows, run_audit
 from llamaspec.decoder import SpeculativeDecoder
-from llamaspec.llama import Model, ModelOptions
+from llamaspec.llama import Model, ModelOptions, Multirow
 
 OPTIONS = ModelOptions(n_ctx=512)
 
@@ -105,8 +105,8 @@ def test_cache_keys_tell_kernel_settings_apart(stories):
     from llamaspec.audit import strict_cache_key
     from llamaspec.calibrate import _key
 
-    def model(**options) -> SimpleNamespace:
-        return SimpleNamespace(path=stories, options=ModelOptions(n_ctx=512, **options))
+    def model(batch1_kernels=None, **options) -> SimpleNamespace:
+        return SimpleNamespace(path=stories, options=ModelOptions(n_ctx=512, **options), batch1_kernels=batch1_kernels)
 
     base = _key(model(), [1, 2])
     assert base == _key(model(), [1, 2])
@@ -116,6 +116,9 @@ def test_cache_keys_tell_kernel_settings_apart(stories):
                                                           {"rpc_servers": "127.0.0.1:50052"})}
     assert len(strict) == 4  # RPC servers compute the offloaded layers with their own kernels
     assert _key(model(rpc_servers="127.0.0.1:50052"), [1, 2]) != base
+    # a model's own batch-1 kernels (choose_batch1_kernels), not the process's, when it has them
+    own = {_key(model(batch1_kernels=(16, mode, 0)), [1, 2]) for mode in (Multirow.ALL, Multirow.BATCHES)}
+    assert len(own) == 2
 
 
 def test_cache_keys_change_with_the_kernel_build(stories, tmp_path, monkeypatch):
@@ -126,7 +129,7 @@ def test_cache_keys_change_with_the_kernel_build(stories, tmp_path, monkeypatch)
     from llamaspec import calibrate
     from llamaspec.llama import tools
 
-    model = SimpleNamespace(path=stories, options=ModelOptions(n_ctx=512))
+    model = SimpleNamespace(path=stories, options=ModelOptions(n_ctx=512), batch1_kernels=None)
     assert tools.build_id() in calibrate._key(model, [1, 2])
     library = tmp_path / "libggml-cpu.so"
     monkeypatch.setattr(tools.ll.llama_cpp, "_base_path", tmp_path)

@@ -188,6 +188,74 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
 
 
+@pytest.fixture
+def multirow_settings():
+    """The process's kernel settings (set_cpu_kernels), restored after the test; skips where a
+    batch of 1 has no second kernel."""
+    from llamaspec.llama import batch1_kernel_choice, cpu_kernel_settings, set_cpu_kernels
+
+    system_info()
+    if batch1_kernel_choice() is None:
+        pytest.skip("no multi-row kernels for a batch of 1 here")
+    saved = cpu_kernel_settings()
+    yield saved
+    set_cpu_kernels(*saved)
+
+
+def test_each_model_decodes_one_token_with_its_own_batch1_kernels(kernel_models, multirow_settings):
+    """Model.batch1_kernels: the build's switch is one for the process, so a model with a batch-1
+    choice of its own sets it before each one-token decode; larger batches (the same kernels
+    under either choice) leave the process's settings as they are."""
+    from llamaspec.llama import Model, ModelOptions, Multirow, cpu_kernel_settings, set_cpu_kernels
+
+    batch_invariant, _, control = multirow_settings
+    with (Model(kernel_models["q4_0"], ModelOptions(n_ctx=64)) as draft,
+          Model(kernel_models["q4_k_s"], ModelOptions(n_ctx=64)) as target):
+        draft.batch1_kernels = (batch_invariant, Multirow.ALL, control)
+        target.batch1_kernels = (batch_invariant, Multirow.BATCHES, control)
+        set_cpu_kernels(batch_invariant, Multirow.OFF, control)
+        target.eval([1, 2, 3])
+        assert cpu_kernel_settings()[1] == Multirow.OFF
+        for model, mode in ((draft, Multirow.ALL), (target, Multirow.BATCHES), (draft, Multirow.ALL)):
+            model.eval([5])
+            assert cpu_kernel_settings()[1] == mode
+
+
+def test_choose_batch1_kernels_gives_each_model_its_own(kernel_models, multirow_settings, monkeypatch):
+    """calibrate.choose_batch1_kernels measures each model apart and leaves the process on the
+    single-row kernels (one cache key, whatever ran before)."""
+    from llamaspec.calibrate import choose_batch1_kernels
+    from llamaspec.llama import Model, ModelOptions, Multirow, cpu_kernel_settings
+
+    monkeypatch.delenv("GGML_CPU_MULTIROW", raising=False)
+    batch_invariant, _, control = multirow_settings
+    with (Model(kernel_models["q4_0"], ModelOptions(n_ctx=128)) as a,
+          Model(kernel_models["q8_0"], ModelOptions(n_ctx=128)) as b):
+        chosen = choose_batch1_kernels([a, b], repeats=3)
+        assert set(chosen) == {a.path.name, b.path.name}
+        for model in (a, b):
+            assert model.batch1_kernels == (batch_invariant, chosen[model.path.name], control)
+    assert cpu_kernel_settings() == (batch_invariant, Multirow.BATCHES, control)
+
+
+def test_audit_sets_a_models_own_batch1_kernels_aside(kernel_models, multirow_settings):
+    """The audit's batch-1 step switches the process to the other kernel; a model's own choice
+    would switch it back before every one-token decode and compare a kernel with itself. With
+    every multi-row row rounded another way (control 2), the comparison must still see the
+    difference, and the model keep its choice afterwards."""
+    from llamaspec.audit import run_audit
+    from llamaspec.llama import Model, ModelOptions, Multirow, set_cpu_kernels
+
+    batch_invariant = multirow_settings[0]
+    set_cpu_kernels(batch_invariant, Multirow.BATCHES, 2)
+    with Model(kernel_models["q4_0"], ModelOptions(n_ctx=128)) as model:
+        model.batch1_kernels = (batch_invariant, Multirow.ALL, 2)
+        report = run_audit(model, [model.tokenize("Once upon a time")], max_tokens=8, batch_max=2)
+        assert model.batch1_kernels == (batch_invariant, Multirow.ALL, 2)
+    assert report.batch1 is not None and report.batch1.rows_compared > 0
+    assert not report.batch1.bit_identical
+
+
 def test_q6_K_repack_agrees_with_the_unpacked_kernels(kernel_models):
     """cpp_patches/0005: with AVX512-VNNI, Q6_K weights are repacked 8 columns x 4 bytes and run
     through their own gemv and multi-row kernels, which round each block's exact integer dot

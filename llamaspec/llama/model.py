@@ -22,6 +22,7 @@ from . import backend
 from .backend import ll
 from .options import FLASH_ATTN, ModelOptions
 from .profile import OpTimer
+from .tools import set_cpu_kernels
 from .rpc import place_on_rpc_servers
 from .state import StateSnapshots
 
@@ -62,6 +63,11 @@ class Model:
         self.seq_tokens: list[list[int]] = [[] for _ in range(options.n_seq)]
         self.tokens: list[int] = self.seq_tokens[_SEQ]
         self.n_evaluated = 0  # tokens decoded over this Model's life (KV reuse is visible here)
+        # The patched build's kernel settings (set_cpu_kernels) this model decodes one token
+        # with, applied before each such decode; None: whatever the process is set to. Why per
+        # model: which batch-1 kernel is faster differs by model (calibrate.choose_batch1_kernels),
+        # while the build's switch is one for the whole process.
+        self.batch1_kernels: tuple[int, int, int] | None = None
 
     def _init_context(self) -> None:
         options = self.options
@@ -328,6 +334,8 @@ class Model:
                 n += 1
             n_out += len(tokens) if all_rows else int(last_row)
         batch.n_tokens = n
+        if n == 1 and self.batch1_kernels is not None:
+            set_cpu_kernels(*self.batch1_kernels)
         rc = ll.llama_decode(self._ctx, batch)
         if rc != 0:
             # A failed decode may leave part of the batch in the cache: drop it.
