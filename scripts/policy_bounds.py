@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamaspec.calibrate import eval_costs  # noqa: E402
+from llamaspec.calibrate import choose_batch1_kernels, eval_costs  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.decoder import K_MAX, LOOKUP_MS_PER_TOKEN, SpeculativeDecoder, compose_drafter, draft_costs  # noqa: E402
 from llamaspec.drafters import Draft, Drafter, common_prefix_len  # noqa: E402
@@ -82,6 +82,7 @@ def guesses(draft: Path, recorded: list[tuple[str, list[int], list[int]]]) -> tu
     pass per prompt), and its calibrated cost per token."""
     texts = []
     with Model(draft, OPTIONS) as drafter:
+        choose_batch1_kernels([drafter])  # one token on the kernel the decoder gives this draft
         draft_ms = draft_costs(drafter)[1]  # the measurement the decoder's policy reads
         for category, prompt, output in recorded:
             drafter.reset()
