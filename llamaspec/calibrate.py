@@ -92,11 +92,11 @@ def choose_batch1_kernels(models: Sequence[Model], repeats: int = 15) -> dict[st
     """Have each model decode single tokens with whichever batch-1 kernel is faster for it here
     (`Model.batch1_kernels`), and return the choices by file name. Both are bit-identical (the
     audit proves it), only speed differs, by CPU and by model: on an Intel Xeon the multi-row
-    kernels made a token 13 % cheaper; on a Zen 4 VM the 0.5B Q4_0 draft's 5 % cheaper and
-    the 1.5B Q4_K_M target's 2 % dearer. Measured once per model and settings (the kernels
-    taking turns, the faster by the median of their ratios within each round), remembered.
-    Empty where there is no choice (batch1_kernel_choice), for models off this CPU, or with
-    GGML_CPU_MULTIROW set by the user (then it stands)."""
+    kernels made a Q4_K_M token 13 % cheaper; on a Zen 4 VM they make a token of the 0.5B Q4_0
+    draft 5 % cheaper and one of the 1.5B Q4_K_M target 2 % dearer. Measured once per model and
+    settings (the kernels taking turns, the faster by the median of their ratios within each
+    round), remembered. Empty where there is no choice (batch1_kernel_choice), for models off
+    this CPU, or with GGML_CPU_MULTIROW set by the user (then it stands)."""
     models = [model for model in models if model.options.on_this_cpu]
     settings = batch1_kernel_choice()
     if not models or settings is None or os.environ.get("GGML_CPU_MULTIROW"):

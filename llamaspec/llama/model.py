@@ -22,9 +22,9 @@ from . import backend
 from .backend import ll
 from .options import FLASH_ATTN, ModelOptions
 from .profile import OpTimer
-from .tools import set_cpu_kernels
 from .rpc import place_on_rpc_servers
 from .state import StateSnapshots
+from .tools import set_cpu_kernels
 
 _SEQ = 0  # the sequence of the single-sequence API (eval, rollback, tokens)
 
