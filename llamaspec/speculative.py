@@ -112,40 +112,46 @@ def generate_tokens(
         drafter.prefill(context)
     stats.prefill_s = time.perf_counter() - started
     stats.stop_reason = "max_tokens"
-    while stats.n_generated < max_tokens:
-        room = target.n_ctx - len(context)  # draft tokens that still fit after context[-1]
-        if room < 0:
-            stats.stop_reason = "context_full"
-            return
-        t_start = time.perf_counter()
-        k_step = min(k, room, max_tokens - stats.n_generated - 1) if drafter else 0
-        draft = drafter.propose(context, k_step, sampler) if k_step > 0 else Draft()
-        t_drafted = time.perf_counter()
-        evaluated = [context[-1], *draft.tokens]
-        if pending_row is None:
-            rows = target.eval(evaluated, all_logits=True)
-            n_evaluated = len(evaluated)
-        else:  # first step: row 0 came with the prompt
-            rows = np.concatenate([pending_row, target.eval(draft.tokens, all_logits=True)]) \
-                if draft.tokens else pending_row
-            n_evaluated, pending_row = len(draft.tokens), None
-        t_verified = time.perf_counter()
-        if on_verify and n_evaluated:
-            on_verify(n_evaluated, 1000.0 * (t_verified - t_drafted))
-        n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
-        if trace:
-            trace(StepTrace(len(context) - 1, evaluated, n_accepted, next_token, rows))
-        target.rollback(len(context) + n_accepted)
-        if drafter:
-            drafter.observe(len(draft.tokens), n_accepted)
-        stats.record_step(len(draft.tokens), n_accepted, t_drafted - t_start, t_verified - t_drafted,
-                          time.perf_counter() - t_start)
-        for token in [*draft.tokens[:n_accepted], next_token]:
-            if target.is_eog(token):
-                stats.stop_reason = "eog"
+    try:
+        while stats.n_generated < max_tokens:
+            room = target.n_ctx - len(context)  # draft tokens that still fit after context[-1]
+            if room < 0:
+                stats.stop_reason = "context_full"
                 return
-            context.append(token)
-            stats.n_generated += 1
-            yield token
-            if stats.n_generated >= max_tokens:
-                return
+            t_start = time.perf_counter()
+            k_step = min(k, room, max_tokens - stats.n_generated - 1) if drafter else 0
+            draft = drafter.propose(context, k_step, sampler) if k_step > 0 else Draft()
+            t_drafted = time.perf_counter()
+            evaluated = [context[-1], *draft.tokens]
+            if pending_row is None:
+                rows = target.eval(evaluated, all_logits=True)
+                n_evaluated = len(evaluated)
+            else:  # first step: row 0 came with the prompt
+                rows = np.concatenate([pending_row, target.eval(draft.tokens, all_logits=True)]) \
+                    if draft.tokens else pending_row
+                n_evaluated, pending_row = len(draft.tokens), None
+            t_verified = time.perf_counter()
+            if on_verify and n_evaluated:
+                on_verify(n_evaluated, 1000.0 * (t_verified - t_drafted))
+            n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
+            if trace:
+                trace(StepTrace(len(context) - 1, evaluated, n_accepted, next_token, rows))
+            target.rollback(len(context) + n_accepted)
+            if drafter:
+                drafter.observe(len(draft.tokens), n_accepted)
+            stats.record_step(len(draft.tokens), n_accepted, t_drafted - t_start, t_verified - t_drafted,
+                              time.perf_counter() - t_start)
+            for token in [*draft.tokens[:n_accepted], next_token]:
+                if target.is_eog(token):
+                    stats.stop_reason = "eog"
+                    return
+                context.append(token)
+                stats.n_generated += 1
+                yield token
+                if stats.n_generated >= max_tokens:
+                    return
+    finally:
+        # Leave the cache as plain decoding would: without the accepted draft tokens past an
+        # end of generation or past where the caller stopped. The next turn's prompt is then
+        # evaluated in the same batch as after plain decoding, and so to the same bits.
+        target.rollback(min(len(target.tokens), len(context) - (stats.stop_reason != "eog")))

@@ -117,6 +117,31 @@ def test_eos_inside_accepted_draft_stops_without_emitting_it():
     out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(script), k=4, max_tokens=10, stats=stats))
     assert out == [8, 9]
     assert stats.stop_reason == "eog"
+    assert target.tokens == PROMPT + [8, 9]  # the accepted EOS and 10 are cut, as plain leaves it
+
+
+def _cache_after(script: list[int], drafter: ListDrafter | None, max_tokens: int, take: int) -> list[int]:
+    """The target's cache once the caller has taken `take` tokens and let the generator go."""
+    target = ScriptedTarget(script)
+    tokens = generate_tokens(target, PROMPT, drafter=drafter, k=4, max_tokens=max_tokens)
+    for _ in zip(range(take), tokens):
+        pass
+    tokens.close()
+    return target.tokens
+
+
+@pytest.mark.parametrize("stop", ["eog", "caller", "max_tokens"])
+def test_the_cache_ends_as_plain_decoding_leaves_it(stop):
+    """A chat's next turn evaluates its prompt after what the cache holds; for that batch (and so
+    the next reply) to be the same bits as after plain decoding, speculation must leave the same
+    cache: not the accepted draft tokens past an end of generation or where the caller stopped."""
+    script = PROMPT + [8, 9, 10, EOS, 11, 12, 13, 14, 15, 8, 9, 10, 11]
+    max_tokens, take = {"eog": (10, 10), "caller": (10, 2), "max_tokens": (6, 10)}[stop]
+    if stop != "eog":
+        script = PROMPT + [8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12]
+    plain = _cache_after(script, None, max_tokens, take)
+    speculative = _cache_after(script, ListDrafter(script), max_tokens, take)
+    assert speculative == plain
 
 
 def test_max_tokens_trims_the_last_step():
