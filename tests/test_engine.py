@@ -113,6 +113,25 @@ def test_rollback_leaves_no_trace(stories):
         assert not np.array_equal(a.eval([next_token]), b.eval([next_token]))
 
 
+def test_a_generation_finalized_after_close_leaves_the_freed_cache_alone(stories, monkeypatch):
+    """The loop cuts the cache when a generation ends, also when a suspended generator is
+    finalized late, after its models were closed: that must not reach the freed context."""
+    import llamaspec.llama.model as model_module
+
+    model, draft = Model(stories, OPTIONS), Model(stories, OPTIONS)
+    prompt = model.tokenize("Once upon a time")
+    tokens = generate_tokens(model, prompt, drafter=DraftModelDrafter(draft), k=4, max_tokens=8)
+    next(tokens), next(tokens)  # the first step accepted 4 drafted tokens: the cache holds more
+    model.close()
+    draft.close()
+    touched = []
+    for name in ("llama_memory_seq_rm", "llama_memory_seq_pos_max"):
+        monkeypatch.setattr(model_module.ll, name, lambda *args: touched.append(args) or -1)
+    tokens.close()  # runs the loop's finally: a rollback on the closed model
+    assert touched == [] and len(model.tokens) == len(prompt) + 1
+    assert model.kv_tokens(0) == 0
+
+
 def test_state_snapshot_rollback_path_matches_plain(stories, truncated_draft):
     """Recurrent/hybrid models roll back by restoring a saved state and replaying; force
     that path on an attention model and require the same output."""

@@ -368,6 +368,9 @@ class Model:
             raise ValueError(f"cannot keep {n_keep} of {len(tokens)} cached tokens")
         if n_keep == len(tokens):
             return
+        if self._ctx is None:  # closed: no cache left to cut (a generation finalized after close)
+            del tokens[n_keep:]
+            return
         if not self.needs_state_rollback and ll.llama_memory_seq_rm(self._memory, seq, n_keep, -1):
             del tokens[n_keep:]
             return
@@ -378,6 +381,8 @@ class Model:
     def kv_tokens(self, seq: int) -> int:
         """Positions llama.cpp's cache holds for a sequence (0 when empty), read from the
         cache itself: the check that bookkeeping and cache agree (no leaked sequences)."""
+        if self._ctx is None:
+            return 0
         return int(ll.llama_memory_seq_pos_max(self._memory, seq)) + 1
 
     def reset(self) -> None:
