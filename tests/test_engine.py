@@ -10,6 +10,7 @@ from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.errors import ContextFullError, VocabMismatchError
 from llamaspec.llama import Model, ModelOptions
+from llamaspec.llama import model as llama_model
 from llamaspec.speculative import StepTrace, generate_tokens
 from llamaspec.stats import GenerationStats
 
@@ -116,8 +117,6 @@ def test_rollback_leaves_no_trace(stories):
 def test_a_generation_finalized_after_close_leaves_the_freed_cache_alone(stories, monkeypatch):
     """The loop cuts the cache when a generation ends, also when a suspended generator is
     finalized late, after its models were closed: that must not reach the freed context."""
-    import llamaspec.llama.model as model_module
-
     model, draft = Model(stories, OPTIONS), Model(stories, OPTIONS)
     prompt = model.tokenize("Once upon a time")
     tokens = generate_tokens(model, prompt, drafter=DraftModelDrafter(draft), k=4, max_tokens=8)
@@ -126,7 +125,7 @@ def test_a_generation_finalized_after_close_leaves_the_freed_cache_alone(stories
     draft.close()
     touched = []
     for name in ("llama_memory_seq_rm", "llama_memory_seq_pos_max"):
-        monkeypatch.setattr(model_module.ll, name, lambda *args: touched.append(args) or -1)
+        monkeypatch.setattr(llama_model.ll, name, lambda *args: touched.append(args) or -1)
     tokens.close()  # runs the loop's finally: a rollback on the closed model
     assert touched == [] and len(model.tokens) == len(prompt) + 1
     assert model.kv_tokens(0) == 0

@@ -135,10 +135,9 @@ def test_the_cache_ends_as_plain_decoding_leaves_it(stop):
     """A chat's next turn evaluates its prompt after what the cache holds; for that batch (and so
     the next reply) to be the same bits as after plain decoding, speculation must leave the same
     cache: not the accepted draft tokens past an end of generation or where the caller stopped."""
-    script = PROMPT + [8, 9, 10, EOS, 11, 12, 13, 14, 15, 8, 9, 10, 11]
-    max_tokens, take = {"eog": (10, 10), "caller": (10, 2), "max_tokens": (6, 10)}[stop]
-    if stop != "eog":
-        script = PROMPT + [8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12]
+    ending_early = PROMPT + [8, 9, 10, EOS, 11, 12, 13, 14, 15, 8, 9, 10, 11]
+    script, max_tokens, take = {"eog": (ending_early, 10, 10), "caller": (SCRIPT, 10, 2),
+                                "max_tokens": (SCRIPT, 6, 10)}[stop]
     plain = _cache_after(script, None, max_tokens, take)
     speculative = _cache_after(script, ListDrafter(script), max_tokens, take)
     assert speculative == plain
