@@ -183,7 +183,7 @@ def per_text(costs: CostModel, kind: str,
     def of(text: Text) -> tuple[Drafter, RecordedDraftModel]:
         if id(text) not in drafters:
             model = RecordedDraftModel(text, model_policy(), costs.draft_token_ms())
-            drafter = compose_drafter(kind, AdaptiveK(lookup_costs, K_MAX), model)
+            drafter = compose_drafter(kind, lambda: AdaptiveK(lookup_costs, K_MAX), model)
             drafter.prefill(text.prompt)
             drafters[id(text)] = drafter, model
         return drafters[id(text)]
@@ -260,6 +260,11 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=1))
 
 
+def suffix_trie() -> SuffixDrafter:
+    """The suffix trie as the suffix drafter uses it: drafts from matches of 1 token on."""
+    return SuffixDrafter(min_match=1)
+
+
 def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) -> dict:
     """Print and return one draft's cost, acceptance by position and replayed policies."""
     print(f"\n{name}: draft ms/token {costs.draft_token_ms():g} (calibrated {draft_ms:g}, "
@@ -273,8 +278,8 @@ def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) 
             ("foresight, k <= 3", lambda: foresight(costs, 3)),
             (f"foresight, k <= {K_MAX}", lambda: foresight(costs, K_MAX)),
             (f"n-gram foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, lambda: NgramDrafter(2, 5))),
-            (f"suffix foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, SuffixDrafter)),
-            (f"foresight, model or suffix, k <= {K_MAX}", lambda: lookup_foresight(costs, SuffixDrafter, model=True))]
+            (f"suffix foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, suffix_trie)),
+            (f"foresight, model or suffix, k <= {K_MAX}", lambda: lookup_foresight(costs, suffix_trie, model=True))]
     runs = [text.run(at, K_MAX) for text in texts for at in range(len(text.output))]
     by_position = [sum(r >= i for r in runs) / max(sum(r >= i - 1 for r in runs), 1) for i in range(1, 9)]
     print("draft acceptance by position (P(i accepted | 1..i-1 accepted)), i = 1..8: "

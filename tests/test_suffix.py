@@ -179,13 +179,42 @@ class RecordingPolicy:
 
 def test_the_policy_caps_the_draft_and_gets_the_feedback():
     policy = RecordingPolicy(1)
-    drafter = SuffixDrafter(policy=policy)  # type: ignore[arg-type]
+    drafter = SuffixDrafter(policy=lambda: policy)  # type: ignore[arg-type,return-value]
     assert propose(drafter, BLOCK + [1, 2, 3]) == [4]
     drafter.observe(1, 1)
     policy.k = 0  # a plain step: nothing drafted, but the context is still indexed
     assert propose(drafter, BLOCK + [1, 2, 3, 4]) == []
     assert policy.updates == [(1, 1)]
     assert drafter._context == BLOCK + [1, 2, 3, 4]
+
+
+def test_each_class_of_match_length_has_its_own_policy():
+    """A draft's length and its feedback go to the policy of its match's class: up to 2
+    tokens, up to 8, longer. A step without any match consults none."""
+    def drafter_and_policies() -> tuple[SuffixDrafter, list[RecordingPolicy]]:
+        made: list[RecordingPolicy] = []
+
+        def make() -> RecordingPolicy:
+            made.append(RecordingPolicy(8))
+            return made[-1]
+
+        drafter = SuffixDrafter(min_match=1, policy=make, match_classes=(2, 8))  # type: ignore[arg-type]
+        made[2].k = 2  # long matches: at most 2 tokens
+        return drafter, made
+
+    cases = [([30, 31, 32, 30], 0, [31]),  # a 1-token match
+             ([30, 31, 32, 30, 31], 0, [32, 30]),  # 2 tokens
+             (BLOCK + [1, 2, 3], 1, [4, 5, 6]),  # 3 tokens
+             (list(range(1, 11)) + list(range(1, 9)), 1, [9, 10, 1, 2, 3, 4, 5, 6]),  # 8 tokens
+             (list(range(1, 21)) + list(range(1, 11)), 2, [11, 12])]  # 10 tokens, cut by its policy
+    for context, used, draft in cases:
+        drafter, policies = drafter_and_policies()
+        assert propose(drafter, context) == draft
+        drafter.observe(len(draft), 1)
+        assert [p.updates for p in policies] == [[(len(draft), 1)] if i == used else [] for i in range(3)]
+        assert propose(drafter, context + [99]) == []  # no match: no policy hears of it
+        drafter.observe(0, 0)
+        assert sum(len(p.updates) for p in policies) == 1
 
 
 def test_hybrid_drafts_from_the_suffix_trie_on_a_long_match():
@@ -234,7 +263,8 @@ def test_decoder_wiring(stories, truncated_draft):
 
     options = ModelOptions(n_ctx=256, n_threads=2)
     with SpeculativeDecoder(stories, drafter="suffix", options=options) as decoder:  # k="auto"
-        assert isinstance(decoder.drafter, SuffixDrafter) and isinstance(decoder.drafter.policy, AdaptiveK)
+        assert isinstance(decoder.drafter, SuffixDrafter) and decoder.drafter.min_match == 1
+        assert all(isinstance(p, AdaptiveK) for p in decoder.drafter.policies)
         # k=auto: the verify curve learns from the loop's timings, plain generations' included
         curve = decoder.config.verify_ms
         assert isinstance(curve, MeasuredCurve) and not curve.ratios

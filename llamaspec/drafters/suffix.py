@@ -5,13 +5,15 @@ contexts of earlier generations and chat turns — is indexed in one bounded-dep
 with occurrence counts. A draft follows the most frequent continuation of a suffix of the
 context while the product of the empirical probabilities stays above `min_prob`, for at most
 `length_factor` x the match length tokens: a long match earns a long draft, a one-token match a
-one-token draft, and a continuation seen three times wins over one seen once. Drafts are
-deterministic (no probabilities), so verification stays lossless.
+one-token draft, and a continuation seen three times wins over one seen once. How many of
+those tokens to send is the policy's call, learned apart for short, medium and long matches:
+a continuation of a 1-token match is a guess, one of a 20-token match usually a copy. Drafts
+are deterministic (no probabilities), so verification stays lossless.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..policy import DraftPolicy, FixedK
 from ..sampling import Sampler
@@ -129,17 +131,24 @@ class SuffixDrafter:
     is appended; one that departs from it starts a new document (with the last shared tokens
     as its lead-in, so matches still reach back across the change) and the old one stays as
     history. History beyond 2 x `history_tokens` is cut to its last `history_tokens` tokens.
+
+    `policy` makes one k policy per class of match length (up to `match_classes[0]` tokens,
+    up to `match_classes[1]`, ..., longer): the winning draft's class decides how much of it
+    is sent and hears what verification accepted. A step without a draft consults none.
     """
 
     def __init__(self, max_depth: int = 32, length_factor: float = 1.0, min_prob: float = 0.1,
-                 min_match: int = 2, history_tokens: int = 8192, policy: DraftPolicy | None = None):
+                 min_match: int = 2, history_tokens: int = 8192,
+                 policy: Callable[[], DraftPolicy] = FixedK, match_classes: Sequence[int] = (2, 8)):
         if not 1 <= min_match < max_depth:
             raise ValueError("need 1 <= min_match < max_depth")
         if length_factor <= 0 or not 0.0 <= min_prob <= 1.0 or history_tokens < 0:
             raise ValueError("need length_factor > 0, 0 <= min_prob <= 1 and history_tokens >= 0")
         self.length_factor, self.min_prob, self.min_match = length_factor, min_prob, min_match
         self.history_tokens = history_tokens
-        self.policy = policy or FixedK()
+        self.match_classes = tuple(match_classes)
+        self.policies = [policy() for _ in range(len(self.match_classes) + 1)]
+        self._drafting: DraftPolicy | None = None  # the policy of the last step's draft
         self.trie = SuffixTrie(max_depth)
         self._context: list[int] = []  # the context as last seen
 
@@ -170,12 +179,13 @@ class SuffixDrafter:
             self.trie.append(token)
         self._context += fresh
 
-    def lookup(self, context: Sequence[int], max_k: int) -> list[int]:
-        """The best-scoring draft of at most max_k tokens to follow `context`."""
+    def _best(self, context: Sequence[int], max_k: int) -> tuple[list[int], int]:
+        """The best-scoring draft of at most max_k tokens to follow `context`, and the length
+        of the match it continues."""
         self._sync(context)
         trie = self.trie
         tokens: list[int] = []
-        best_score = 0.0
+        best_score, best_depth = 0.0, 0
         for node in reversed(trie.active):  # longest match first
             depth = trie.depth[node]
             if depth < self.min_match:
@@ -185,19 +195,27 @@ class SuffixDrafter:
                 continue
             draft, score = trie.continuation(node, limit, self.min_prob)
             if score > best_score:
-                tokens, best_score = draft, score
-        return tokens
+                tokens, best_score, best_depth = draft, score, depth
+        return tokens, best_depth
+
+    def lookup(self, context: Sequence[int], max_k: int) -> list[int]:
+        """The best-scoring draft of at most max_k tokens to follow `context`."""
+        return self._best(context, max_k)[0]
 
     def prefill(self, prompt: Sequence[int]) -> None:
         self._sync(prompt)
 
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
-        max_k = self.policy.begin(max_k)
-        tokens = self.lookup(context, max_k)  # synced even when not drafting: the cost stays even
-        return Draft(tokens)
+        tokens, match = self._best(context, max_k)
+        self._drafting = None
+        if not tokens:
+            return Draft()
+        self._drafting = self.policies[sum(match > bound for bound in self.match_classes)]
+        return Draft(tokens[: self._drafting.begin(len(tokens))])
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
-        self.policy.update(n_drafted, n_accepted)
+        if self._drafting is not None:
+            self._drafting.update(n_drafted, n_accepted)
 
     def close(self) -> None:
         pass
