@@ -46,6 +46,12 @@ DRAFTER_KINDS = ("auto", "model", "ngram", "suffix", "hybrid")
 K_MAX = 15  # the longest draft `k="auto"` may choose (verify batches of up to 16)
 LOOKAHEAD_MAX = 8  # the most guesses a draft model eval carries (drafters/lookahead.py)
 LOOKUP_MS_PER_TOKEN = 0.05  # an n-gram or suffix-trie lookup: free next to any model evaluation
+# Alone, the suffix trie drafts from 1-token matches too: a 2-token verify costs 1.0-1.15 decodes
+# on the patched build, so a guess right a third of the time can pay (replayed on the suite with
+# the classes of SuffixDrafter, edit / all: 1.31 -> 1.45x / 1.08 -> 1.14x where batch 2 costs
+# 1.01x a decode, 1.32 -> 1.35x / 1.08 -> 1.11x at 1.10x). scripts/policy_bounds.py's suffix
+# foresight reads it too.
+SUFFIX_MIN_MATCH = 1
 
 
 def compose_drafter(kind: str, lookup_policy: Callable[[], DraftPolicy], model_drafter: Drafter | None) -> Drafter:
@@ -55,11 +61,7 @@ def compose_drafter(kind: str, lookup_policy: Callable[[], DraftPolicy], model_d
     if kind == "ngram":
         return NgramDrafter(policy=lookup_policy())
     if kind == "suffix":
-        # Alone, the trie drafts from 1-token matches too: a 2-token verify costs 1.0-1.15
-        # decodes on the patched build, so a guess right a third of the time can pay (replayed
-        # on the suite with the classes of SuffixDrafter, edit / all: 1.31 -> 1.45x / 1.08 ->
-        # 1.14x where batch 2 costs 1.01x a decode, 1.32 -> 1.35x / 1.08 -> 1.11x at 1.10x).
-        return SuffixDrafter(min_match=1, policy=lookup_policy)
+        return SuffixDrafter(min_match=SUFFIX_MIN_MATCH, policy=lookup_policy)
     assert model_drafter is not None, kind
     if kind == "model":
         return model_drafter

@@ -38,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llamaspec.calibrate import choose_batch1_kernels, eval_costs  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
-from llamaspec.decoder import K_MAX, LOOKUP_MS_PER_TOKEN, SpeculativeDecoder, compose_drafter, draft_costs  # noqa: E402
+from llamaspec.decoder import (  # noqa: E402
+    K_MAX, LOOKUP_MS_PER_TOKEN, SUFFIX_MIN_MATCH, SpeculativeDecoder, compose_drafter, draft_costs,
+)
 from llamaspec.drafters import Draft, Drafter, common_prefix_len  # noqa: E402
 from llamaspec.drafters.ngram import NgramDrafter  # noqa: E402
 from llamaspec.drafters.suffix import SuffixDrafter  # noqa: E402
@@ -261,8 +263,8 @@ def main() -> None:
 
 
 def suffix_trie() -> SuffixDrafter:
-    """The suffix trie as the suffix drafter uses it: drafts from matches of 1 token on."""
-    return SuffixDrafter(min_match=1)
+    """The suffix trie as the suffix drafter uses it (its shortest match included)."""
+    return SuffixDrafter(min_match=SUFFIX_MIN_MATCH)
 
 
 def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) -> dict:
