@@ -252,7 +252,7 @@ def models_fetch(names: Optional[list[str]] = typer.Argument(None, help="Models 
 def models_derive(
     source: str = typer.Argument(..., help="Draft GGUF path or registered model name to trim."),
     output: Path = typer.Argument(..., help="Where to write the trimmed draft (.gguf; its .inputs.gguf goes beside it)."),
-    vocab: int = typer.Option(32768, "--vocab", help="Tokens the draft's head keeps (the most frequent)."),
+    vocab: int = typer.Option(49152, "--vocab", help="Tokens the draft's head keeps (the most frequent)."),
     threads: int = ThreadsOpt,
 ) -> None:
     """A draft with a vocabulary-trimmed output head: cheaper per token, same output (the
