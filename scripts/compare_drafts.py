@@ -25,20 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.decoder import SpeculativeDecoder  # noqa: E402
+from llamaspec.errors import LlamaSpecError  # noqa: E402
 from llamaspec.models import DEFAULT_TARGET  # noqa: E402
 from llamaspec.prompts import load_prompts  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--draft", action="append", required=True, help="repeatable: the drafts to compare")
-    parser.add_argument("--target", default=DEFAULT_TARGET)
-    parser.add_argument("--category", action="append", help="repeatable (default: the whole suite)")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    if len(set(args.draft)) < 2:
-        parser.error("name at least two different drafts")
+def paired_runs(args: argparse.Namespace) -> list[dict]:
+    """Per prompt: tokens/s plain and with each draft, back to back, and whether all agree."""
     prompts = load_prompts(None, args.category, None)
     with ExitStack() as stack:
         decoders = {name: stack.enter_context(SpeculativeDecoder(resolve_model(args.target), resolve_model(name)))
@@ -60,6 +53,24 @@ def main() -> None:
             print(f"{item['id']:12} plain {tps['plain']:5.1f} tok/s  "
                   + "  ".join(f"{name} {tps[name] / tps['plain']:.2f}x" for name in args.draft)
                   + f"  identical {identical}", flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draft", action="append", required=True, help="repeatable: the drafts to compare")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--category", action="append", help="repeatable (default: the whole suite)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if len(set(args.draft)) < 2:
+        parser.error("name at least two different drafts")
+    try:
+        rows = paired_runs(args)
+    except LlamaSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
     def median(values: list[float]) -> float:
         return round(statistics.median(values), 3)
@@ -78,7 +89,8 @@ def main() -> None:
     print(json.dumps(summary))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "prompts": rows}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -33,3 +33,10 @@ def test_one_draft_named_twice_is_refused(stories):
     done = run("--target", stories, "--draft", stories, "--draft", stories)
     assert done.returncode != 0
     assert "at least two different drafts" in done.stderr
+
+
+def test_a_missing_draft_is_one_error_line(stories, tmp_path):
+    done = run("--target", stories, "--draft", stories, "--draft", tmp_path / "missing.gguf")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
