@@ -41,10 +41,11 @@ def paired_runs(args: argparse.Namespace) -> list[dict]:
         rows = []
         for index, item in enumerate(prompts):
             order = runs[index % len(runs):] + runs[:index % len(runs)]
+            # one target for every decoder, so one tokenization serves every run
+            tokens = first.prompt_tokens(item["prompt"], chat=first.chat_format.has_template)
             tps, outputs = {}, {}
             for run in order:
                 decoder = first if run == "plain" else decoders[run]
-                tokens = decoder.prompt_tokens(item["prompt"], chat=decoder.chat_format.has_template)
                 decoder.reset()
                 outputs[run] = list(decoder.generate(tokens, max_tokens=args.max_tokens, speculative=run != "plain"))
                 tps[run] = decoder.stats.tokens_per_second
