@@ -48,7 +48,8 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _median(values: list[float]) -> float:
+def report_median(values: list[float]) -> float:
+    """A report's median: three decimals, 0.0 for none (shared by the comparison scripts)."""
     return round(statistics.median(values), 3) if values else 0.0
 
 
@@ -60,11 +61,11 @@ def _summary(records: list[dict]) -> dict:
     def block(items: list[dict]) -> dict:
         return {
             "n_prompts": len(items),
-            "median_speedup": _median([r["speedup"] for r in items]),
-            "median_plain_tps": _median([r["plain_tps"] for r in items]),
-            "median_speculative_tps": _median([r["speculative_tps"] for r in items]),
-            "median_acceptance": _median([r["acceptance_rate"] for r in items]),
-            "median_speculative_over_oracle": _median([r["speculative_over_oracle"] for r in items]),
+            "median_speedup": report_median([r["speedup"] for r in items]),
+            "median_plain_tps": report_median([r["plain_tps"] for r in items]),
+            "median_speculative_tps": report_median([r["speculative_tps"] for r in items]),
+            "median_acceptance": report_median([r["acceptance_rate"] for r in items]),
+            "median_speculative_over_oracle": report_median([r["speculative_over_oracle"] for r in items]),
             "identical": sum(r["identical"] for r in items),
         }
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from llamaspec.bench import report_median  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.decoder import SpeculativeDecoder  # noqa: E402
 from llamaspec.errors import LlamaSpecError  # noqa: E402
@@ -73,17 +73,16 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
-    def median(values: list[float]) -> float:
-        return round(statistics.median(values), 3)
-
     base = args.draft[0]
+
+    def ratios(name: str, to: str) -> list[float]:
+        return [r["tokens_per_second"][name] / r["tokens_per_second"][to] for r in rows]
+
     summary = {
         "n_prompts": len(rows),
         "identical": sum(row["identical"] for row in rows),
-        "median_speedup": {name: median([r["tokens_per_second"][name] / r["tokens_per_second"]["plain"] for r in rows])
-                           for name in args.draft},
-        f"median_ratio_to_{base}": {name: median([r["tokens_per_second"][name] / r["tokens_per_second"][base] for r in rows])
-                                    for name in args.draft[1:]},
+        "median_speedup": {name: report_median(ratios(name, "plain")) for name in args.draft},
+        f"median_ratio_to_{base}": {name: report_median(ratios(name, base)) for name in args.draft[1:]},
         f"faster_than_{base}": {name: sum(r["tokens_per_second"][name] > r["tokens_per_second"][base] for r in rows)
                                 for name in args.draft[1:]},
     }
