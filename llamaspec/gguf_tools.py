@@ -8,6 +8,7 @@ Keeping only some tokens gives a draft with a cheaper output head (see trim.py).
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import Any, Callable
 
@@ -136,6 +137,77 @@ def write_token_table(source: str | Path, destination: str | Path, tensor: str, 
     writer.add_key_value(_TOKENS, reader.fields[_TOKENS].contents(), gguf.GGUFValueType.ARRAY,
                          sub_type=gguf.GGUFValueType.STRING)
     _write_tensors(writer, [(table.name, table.data, table.tensor_type)], reader.endianess)
+
+
+# GGUF value types (gguf.GGUFValueType) of a fixed size: their struct format (numpy reads the same)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# tensor types numpy reads as numbers (as gguf.GGUFReader gives them); other types: raw bytes
+_NUMERIC = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}
+
+
+def read_token_table(path: str | Path, tensor: str) -> tuple[dict[str, Any], np.ndarray, int]:
+    """A token table written by `write_token_table`: its metadata (arrays as numpy arrays,
+    strings as bytes, string arrays as lists of bytes), `tensor`'s rows (a read-only map of the
+    file: one row per token, raw bytes for quantized types) and its GGML type.
+
+    Why not gguf.GGUFReader: it makes a numpy view per string, and a vocabulary's 152K token
+    texts took it 3-6 s, at every start of a trimmed draft. Here: a tenth of a second."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except ValueError as exc:  # an empty file
+        raise ValueError(f"{Path(path).name}: {exc}") from None
+    buf = memoryview(data)
+    pos = 0
+
+    def take(fmt: str) -> int:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return value
+
+    def text() -> bytes:
+        nonlocal pos
+        n = take("<Q")
+        pos += n
+        return bytes(buf[pos - n: pos])
+
+    def value(kind: int) -> Any:
+        nonlocal pos
+        if kind == _STRING:
+            return text()
+        if kind == _ARRAY:
+            item, n = take("<I"), take("<Q")
+            if item == _STRING:
+                return [text() for _ in range(n)]
+            dtype = np.dtype(_SCALARS[item])
+            pos += n * dtype.itemsize
+            return np.frombuffer(buf, dtype, n, pos - n * dtype.itemsize).copy()
+        return take(_SCALARS[kind])
+
+    try:
+        if bytes(buf[:4]) != b"GGUF" or take("<4xI") not in (2, 3):
+            raise ValueError("not a little-endian GGUF file of version 2 or 3")
+        n_tensors, n_kv = take("<Q"), take("<Q")
+        fields = {text().decode(): value(take("<I")) for _ in range(n_kv)}
+        infos = {}
+        for _ in range(n_tensors):
+            name = text().decode()
+            dims = [take("<Q") for _ in range(take("<I"))]
+            infos[name] = dims, take("<I"), take("<Q")
+        alignment = int(fields.get("general.alignment", 32))
+        start = -(-pos // alignment) * alignment
+        dims, kind, offset = infos[tensor]
+        rows, width = int(np.prod(dims[1:])), dims[0]
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        begin = start + offset
+        table = (data[begin: begin + rows * width * size // block].view(_NUMERIC[kind]).reshape(rows, width)
+                 if kind in _NUMERIC else data[begin: begin + rows * width // block * size].reshape(rows, -1))
+    except (struct.error, KeyError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{Path(path).name}: {exc}") from None
+    return fields, table, kind
 
 
 def random_llama(source: str | Path, destination: str | Path, n_embd: int = 256, n_ff: int = 512,

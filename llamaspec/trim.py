@@ -25,6 +25,7 @@ from typing import Iterable
 import numpy as np
 
 from .errors import LlamaSpecError, ModelLoadError
+from .gguf_tools import read_token_table
 
 INPUTS_KEY = "llamaspec.trim.inputs"  # trimmed GGUF: the sidecar's file name
 INPUTS_SHA_KEY = "llamaspec.trim.inputs_sha256"  # trimmed GGUF: the sidecar's sha256
@@ -66,8 +67,6 @@ class TrimmedVocab:
 
 def load(model_path: Path, inputs_name: str, inputs_sha256: str) -> TrimmedVocab:
     """The sidecar named in a trimmed draft's metadata, checked against its recorded hash."""
-    import gguf
-
     path = model_path.parent / inputs_name
     rederive = f"derive the draft again (llamaspec models derive, or delete {model_path.name} and fetch it)"
     if not path.is_file():
@@ -75,16 +74,16 @@ def load(model_path: Path, inputs_name: str, inputs_sha256: str) -> TrimmedVocab
     if file_sha256(path) != inputs_sha256:
         raise ModelLoadError(f"{path} does not match the trimmed draft {model_path.name}: {rederive}")
     try:
-        reader = gguf.GGUFReader(str(path))
-        table = next(t for t in reader.tensors if t.name == EMBD)
-        ids = np.asarray(reader.fields[IDS_KEY].contents(), dtype=np.int64)
-        texts = [text.encode() for text in reader.fields["tokenizer.ggml.tokens"].contents()]
-    except (KeyError, StopIteration, ValueError) as exc:
+        fields, table, table_type = read_token_table(path, EMBD)
+        ids = np.asarray(fields[IDS_KEY], dtype=np.int64)
+        texts = fields["tokenizer.ggml.tokens"]
+        if not isinstance(texts, list) or len(texts) != len(table):
+            raise ValueError("its token texts do not match its table")
+    except (KeyError, ValueError) as exc:
         raise ModelLoadError(f"{path} is not a trimmed draft's inputs file ({exc}): {rederive}") from None
-    n_full = int(table.data.shape[0])
-    local_of = np.full(n_full, -1, dtype=np.int64)
+    local_of = np.full(len(table), -1, dtype=np.int64)
     local_of[ids] = np.arange(len(ids))
-    return TrimmedVocab(ids, local_of, table.data, int(table.tensor_type), texts)
+    return TrimmedVocab(ids, local_of, table, table_type, texts)
 
 
 def check_size(n_keep: int, n_vocab: int, n_always: int) -> None:

@@ -168,3 +168,29 @@ def test_quantize_head_type_sets_the_output_and_embedding_tables(stories, tmp_pa
     assert types["q4_0"]["token_embd.weight"] == "Q4_0"
     with pytest.raises(LlamaSpecError, match="unknown head type"):
         quantize(stories, tmp_path / "x.gguf", "q4_0", head="q3_x")
+
+
+@pytest.mark.parametrize("head", [None, "q4_0"])
+def test_token_table_reads_as_gguf_reader_does(stories, tmp_path, head):
+    """The sidecar's own reader (152K token texts took gguf.GGUFReader seconds at every load)
+    gives what GGUFReader gives: ids, texts, the table's rows (F32 numbers or quantized bytes)."""
+    import gguf
+
+    from llamaspec.gguf_tools import read_token_table, write_token_table
+    from llamaspec.llama import quantize
+
+    source = stories if head is None else quantize(stories, tmp_path / "q.gguf", "q4_0", head=head)
+    path = tmp_path / "table.gguf"
+    write_token_table(source, path, trim.EMBD, np.array([3, 1, 4, 159]), trim.IDS_KEY)
+    fields, table, kind = read_token_table(path, trim.EMBD)
+    reader = gguf.GGUFReader(str(path))
+    expected = next(t for t in reader.tensors if t.name == trim.EMBD)
+    assert fields[trim.IDS_KEY].tolist() == [3, 1, 4, 159]
+    assert fields["tokenizer.ggml.tokens"] == [t.encode() for t in reader.fields["tokenizer.ggml.tokens"].contents()]
+    assert kind == int(expected.tensor_type) and table.dtype == expected.data.dtype
+    assert table.shape == expected.data.shape and np.array_equal(table, expected.data)
+    assert (table.dtype == np.float32) == (head is None)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(ValueError, match="truncated.gguf"):
+        read_token_table(truncated, trim.EMBD)
