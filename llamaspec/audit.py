@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .calibrate import settings_key
+from .calibrate import announced, settings_key
 from .drafters import Draft
 from .llama import Model, other_batch1_kernels
 from .models import remembered, sha256_cached
@@ -211,4 +211,5 @@ def strict_max_k(model: Model, prompts: list[list[int]], max_tokens: int = 48, b
         report = run_audit(model, prompts, max_tokens, batch_max, batch1=False)
         return {"max_k": report.max_exact_k(), "summary": report.sentence()}
 
-    return int(remembered("strict", strict_cache_key(model, batch_max), audit)["max_k"])
+    what = f"which verify sizes are bit-exact for {model.path.name} (--strict)"
+    return int(remembered("strict", strict_cache_key(model, batch_max), announced(what, audit))["max_k"])

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import sys
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from .llama import Model, Multirow, batch1_kernel_choice, build_id, cpu_kernel_settings, set_cpu_kernels, system_info
 from .models import remembered
@@ -19,6 +20,7 @@ from .models import remembered
 _FILLER = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
 N_CONTEXT = 64  # measure at a realistic cache depth, not at position 0
 MEASURE_METHOD = 3  # in the cache key: curves measured another way are measured again
+T = TypeVar("T")
 
 
 def settings_key(model: Model) -> str:
@@ -82,9 +84,20 @@ def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 5) -> dict[in
     return {n: round(1000 * min(t), 2) for n, t in times.items()}
 
 
+def announced(what: str, measure: Callable[[], T]) -> Callable[[], T]:
+    """`measure`, said on a terminal first: a first run on a new model or build spends tens of
+    seconds on it, once, and would otherwise look hung. Not in logs or pipes (tests, servers)."""
+    def run() -> T:
+        if sys.stderr.isatty():
+            print(f"llamaspec: measuring {what} on this machine (once; remembered)", file=sys.stderr, flush=True)
+        return measure()
+    return run
+
+
 def eval_costs(model: Model, sizes: list[int]) -> dict[int, float]:
     """measure_eval_ms, remembered across runs."""
-    costs = remembered("costs", _key(model, sizes), lambda: measure_eval_ms(model, sizes))
+    costs = remembered("costs", _key(model, sizes), announced(
+        f"{model.path.name}'s cost for batches of {min(sizes)}-{max(sizes)} tokens", lambda: measure_eval_ms(model, sizes)))
     return {int(n): float(ms) for n, ms in costs.items()}
 
 
@@ -122,7 +135,8 @@ def choose_batch1_kernels(models: Sequence[Model], repeats: int = 15) -> dict[st
     for model in models:
         model.batch1_kernels = None  # measured with the process's switch, which measure() sets
         set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)  # one key, whichever ran before
-        mode = Multirow(remembered("batch1_kernels", _key(model, [1]), lambda: measure(model)))
+        mode = Multirow(remembered("batch1_kernels", _key(model, [1]), announced(
+            f"which kernels decode one token of {model.path.name} faster", lambda: measure(model))))
         model.batch1_kernels = (batch_invariant, mode, control)
         chosen[model.path.name] = mode
     set_cpu_kernels(batch_invariant, Multirow.BATCHES, control)
