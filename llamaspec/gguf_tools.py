@@ -162,7 +162,7 @@ def read_token_table(path: str | Path, tensor: str) -> tuple[dict[str, Any], np.
     buf = memoryview(data)
     pos = 0
 
-    def take(fmt: str) -> int:
+    def take(fmt: str) -> Any:
         nonlocal pos
         (value,) = struct.unpack_from(fmt, buf, pos)
         pos += struct.calcsize(fmt)
