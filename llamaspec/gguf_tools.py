@@ -182,9 +182,9 @@ def read_token_table(path: str | Path, tensor: str) -> tuple[dict[str, Any], np.
             item, n = take("<I"), take("<Q")
             if item == _STRING:
                 return [text() for _ in range(n)]
-            dtype = np.dtype(_SCALARS[item])
-            pos += n * dtype.itemsize
-            return np.frombuffer(buf, dtype, n, pos - n * dtype.itemsize).copy()
+            array = np.frombuffer(buf, np.dtype(_SCALARS[item]), n, pos).copy()
+            pos += array.nbytes
+            return array
         return take(_SCALARS[kind])
 
     try:
@@ -202,9 +202,8 @@ def read_token_table(path: str | Path, tensor: str) -> tuple[dict[str, Any], np.
         dims, kind, offset = infos[tensor]
         rows, width = int(np.prod(dims[1:])), dims[0]
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-        begin = start + offset
-        table = (data[begin: begin + rows * width * size // block].view(_NUMERIC[kind]).reshape(rows, width)
-                 if kind in _NUMERIC else data[begin: begin + rows * width // block * size].reshape(rows, -1))
+        raw = data[start + offset: start + offset + rows * (width // block) * size]
+        table = raw.view(_NUMERIC[kind]).reshape(rows, width) if kind in _NUMERIC else raw.reshape(rows, -1)
     except (struct.error, KeyError, ValueError, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"{Path(path).name}: {exc}") from None
     return fields, table, kind
