@@ -21,6 +21,11 @@ side: their cost per token, how often their first guess is right, and the ceilin
 
 --draft-ms overrides the calibrated draft cost (in the loop a draft token costs more than
 the calibration's single decode: catching up after a fully accepted step is a batch of 2).
+
+--what-if replays the decoder's hybrid and suffix drafters and the two foresight ceilings again
+on cheaper machines: every verify batch's cost above one decode scaled by 1, 0.5 and 0 (0: a
+batch of 16 costs a decode), the draft model at its cost and free. A figure that no row
+reaches needs more than kernels or policy: this says which cost it waits on.
 """
 
 from __future__ import annotations
@@ -251,13 +256,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-ms", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write every draft's figures here")
+    parser.add_argument("--what-if", action="store_true", help="also replay on cheaper verify curves and a free draft")
     args = parser.parse_args()
     recorded, verify_ms = record(resolve_model(args.target), args.max_tokens)
     print(f"verify ms by batch: {verify_ms}")
     report = {"verify_ms": verify_ms, "drafts": {}}
     for draft in args.draft or [DEFAULT_DRAFT]:
         texts, draft_ms = guesses(resolve_model(draft), recorded)
-        report["drafts"][draft] = replay_all(texts, CostModel(verify_ms, args.draft_ms or draft_ms), draft, draft_ms)
+        costs = CostModel(verify_ms, args.draft_ms or draft_ms)
+        report["drafts"][draft] = replay_all(texts, costs, draft, draft_ms)
+        if args.what_if:
+            report["drafts"][draft]["what_if"] = what_if(texts, costs)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
@@ -293,6 +302,40 @@ def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) 
         result["policies"][policy] = {c: round(v, 3) for c, v in speedups.items()}
         print(f"{policy:26} " + "  ".join(f"{c} {v:.2f}x" for c, v in speedups.items()))
     return result
+
+
+WHAT_IF_SCALES = (1.0, 0.5, 0.0)
+
+
+def cheaper(costs: CostModel, scale: float, draft_ms: float) -> CostModel:
+    """`costs` with each verify batch's cost above one decode times `scale`, the draft at draft_ms a token."""
+    one = costs.verify(1)
+    return CostModel({n: one + scale * (ms - one) for n, ms in costs.verify_ms.items()}, draft_ms)
+
+
+def what_if(texts: list[Text], costs: CostModel) -> list[dict]:
+    """The decoder's drafters and the foresight ceilings replayed on cheaper verify curves and
+    with a free draft model: what each figure waits on."""
+    print("\nwhat if: verify batches' cost above one decode x scale; the draft model at its cost or free")
+    rows = []
+    for scale in WHAT_IF_SCALES:
+        for draft_ms in (costs.draft_token_ms(), 0.0):
+            c = cheaper(costs, scale, draft_ms)
+            policies: dict[str, Callable[[], Step]] = {
+                "hybrid (default drafter)": lambda: driven(c, "hybrid", lambda: ConfidenceK(c, K_MAX)),
+                "suffix drafter": lambda: driven(c, "suffix", lambda: ConfidenceK(c, K_MAX)),
+                f"suffix foresight, k <= {K_MAX}": lambda: lookup_foresight(c, suffix_trie),
+                f"foresight, model or suffix, k <= {K_MAX}": lambda: lookup_foresight(c, suffix_trie, model=True)}
+            row = {"scale": scale, "draft_ms": draft_ms,
+                   "verify_ratio": {n: round(c.verify(n) / c.verify(1), 2) for n in (4, 8, 16)},
+                   "policies": {name: {k: round(v, 3) for k, v in replay(texts, c, make).items()}
+                                for name, make in policies.items()}}
+            rows.append(row)
+            ratios = " / ".join(f"{v:.2f}" for v in row["verify_ratio"].values())
+            print(f"  scale {scale:g} (batch 4 / 8 / 16: {ratios}x a decode), draft {draft_ms:g} ms:")
+            for name, by in row["policies"].items():
+                print(f"    {name:40} all {by['all']:.2f}x  code {by.get('code', 0):.2f}x  edit {by.get('edit', 0):.2f}x")
+    return rows
 
 
 if __name__ == "__main__":

@@ -76,3 +76,18 @@ def test_tree_keeps_the_longer_branch_and_shares_the_common_prefix(bounds):
     model_only = speedup(bounds, right, lambda: bounds.driven(COSTS, "model", lambda: ConfidenceK(COSTS, 15)))
     tree = speedup(bounds, right, lambda: bounds.tree(COSTS, lambda: ConfidenceK(COSTS, 15)))
     assert tree > 1.05 * model_only
+
+
+def test_what_if_cheaper_costs_never_lower_a_ceiling(bounds):
+    """--what-if: six replays from the measured costs down to free verify batches and a free
+    draft; the foresight ceilings only rise as costs fall, and with both free a right draft
+    emits a whole verify batch per decode."""
+    rows = bounds.what_if([copy_text(bounds, draft_right=True)], COSTS)
+    assert [(row["scale"], row["draft_ms"]) for row in rows] == [
+        (1.0, 5.0), (1.0, 0.0), (0.5, 5.0), (0.5, 0.0), (0.0, 5.0), (0.0, 0.0)]
+    assert rows[2]["verify_ratio"] == {4: round(12.5 / 11, 2), 8: round(14.5 / 11, 2), 16: round(18.5 / 11, 2)}
+    assert rows[-1]["verify_ratio"] == {4: 1.0, 8: 1.0, 16: 1.0}
+    ceiling = [row["policies"]["foresight, model or suffix, k <= 15"]["all"] for row in rows]
+    for cheap, dear in ((1, 0), (3, 2), (5, 4), (2, 0), (4, 2), (5, 3)):
+        assert ceiling[cheap] >= ceiling[dear] - 1e-9
+    assert ceiling[-1] > 12.0
