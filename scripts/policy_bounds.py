@@ -276,11 +276,9 @@ def suffix_trie() -> SuffixDrafter:
     return SuffixDrafter(min_match=SUFFIX_MIN_MATCH)
 
 
-def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) -> dict:
-    """Print and return one draft's cost, acceptance by position and replayed policies."""
-    print(f"\n{name}: draft ms/token {costs.draft_token_ms():g} (calibrated {draft_ms:g}, "
-          f"{draft_ms / costs.verify(1):.3f}x a target decode)")
-    rows = [("fixed k=3", lambda: fixed(costs, 3)), ("fixed k=4", lambda: fixed(costs, 4)),
+def policy_rows(costs: CostModel) -> list[tuple[str, Callable[[], Step]]]:
+    """Every replayed policy on `costs`, by name, in the order they are reported."""
+    return [("fixed k=3", lambda: fixed(costs, 3)), ("fixed k=4", lambda: fixed(costs, 4)),
             ("AdaptiveK (k up front)", lambda: driven(costs, "model", lambda: AdaptiveK(costs, K_MAX))),
             ("ConfidenceK (default)", lambda: driven(costs, "model", lambda: ConfidenceK(costs, K_MAX))),
             ("suffix drafter", lambda: driven(costs, "suffix", lambda: ConfidenceK(costs, K_MAX))),
@@ -291,13 +289,19 @@ def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) 
             (f"n-gram foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, lambda: NgramDrafter(2, 5))),
             (f"suffix foresight, k <= {K_MAX}", lambda: lookup_foresight(costs, suffix_trie)),
             (f"foresight, model or suffix, k <= {K_MAX}", lambda: lookup_foresight(costs, suffix_trie, model=True))]
+
+
+def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) -> dict:
+    """Print and return one draft's cost, acceptance by position and replayed policies."""
+    print(f"\n{name}: draft ms/token {costs.draft_token_ms():g} (calibrated {draft_ms:g}, "
+          f"{draft_ms / costs.verify(1):.3f}x a target decode)")
     runs = [text.run(at, K_MAX) for text in texts for at in range(len(text.output))]
     by_position = [sum(r >= i for r in runs) / max(sum(r >= i - 1 for r in runs), 1) for i in range(1, 9)]
     print("draft acceptance by position (P(i accepted | 1..i-1 accepted)), i = 1..8: "
           + " ".join(f"{a:.2f}" for a in by_position))
     result = {"draft_ms": draft_ms, "draft_over_decode": round(draft_ms / costs.verify(1), 3),
               "acceptance_by_position": [round(a, 4) for a in by_position], "policies": {}}
-    for policy, make in rows:
+    for policy, make in policy_rows(costs):
         speedups = replay(texts, costs, make)
         result["policies"][policy] = {c: round(v, 3) for c, v in speedups.items()}
         print(f"{policy:26} " + "  ".join(f"{c} {v:.2f}x" for c, v in speedups.items()))
@@ -305,6 +309,8 @@ def replay_all(texts: list[Text], costs: CostModel, name: str, draft_ms: float) 
 
 
 WHAT_IF_SCALES = (1.0, 0.5, 0.0)
+WHAT_IF_POLICIES = ("hybrid (default drafter)", "suffix drafter", f"suffix foresight, k <= {K_MAX}",
+                    f"foresight, model or suffix, k <= {K_MAX}")
 
 
 def cheaper(costs: CostModel, scale: float, draft_ms: float) -> CostModel:
@@ -321,15 +327,11 @@ def what_if(texts: list[Text], costs: CostModel) -> list[dict]:
     for scale in WHAT_IF_SCALES:
         for draft_ms in (costs.draft_token_ms(), 0.0):
             c = cheaper(costs, scale, draft_ms)
-            policies: dict[str, Callable[[], Step]] = {
-                "hybrid (default drafter)": lambda: driven(c, "hybrid", lambda: ConfidenceK(c, K_MAX)),
-                "suffix drafter": lambda: driven(c, "suffix", lambda: ConfidenceK(c, K_MAX)),
-                f"suffix foresight, k <= {K_MAX}": lambda: lookup_foresight(c, suffix_trie),
-                f"foresight, model or suffix, k <= {K_MAX}": lambda: lookup_foresight(c, suffix_trie, model=True)}
+            every = dict(policy_rows(c))
             row = {"scale": scale, "draft_ms": draft_ms,
                    "verify_ratio": {n: round(c.verify(n) / c.verify(1), 2) for n in (4, 8, 16)},
-                   "policies": {name: {k: round(v, 3) for k, v in replay(texts, c, make).items()}
-                                for name, make in policies.items()}}
+                   "policies": {name: {k: round(v, 3) for k, v in replay(texts, c, every[name]).items()}
+                                for name in WHAT_IF_POLICIES}}
             rows.append(row)
             ratios = " / ".join(f"{v:.2f}" for v in row["verify_ratio"].values())
             print(f"  scale {scale:g} (batch 4 / 8 / 16: {ratios}x a decode), draft {draft_ms:g} ms:")
