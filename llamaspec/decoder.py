@@ -116,12 +116,13 @@ class Decoder(CompletionMixin):
     """A config on a target (and a draft model): generates, many times. It closes nothing;
     `SpeculativeDecoder` owns the models it loads. With `measure_costs` its evals' times
     correct the config's cost curves (MeasuredCurves): not for a server slot, whose evals wait
-    for the other slots' rows."""
+    for the other slots' rows; `streams` (a slot's) says how many sequences share them now,
+    which the draft-length policies price in (`CostModel`)."""
 
     def __init__(self, config: DecoderConfig, target: KVModel, draft_model: KVModel | None,
-                 measure_costs: bool = True):
+                 measure_costs: bool = True, streams: Callable[[], int] | None = None):
         self.config, self.target, self.draft_model = config, target, draft_model
-        self._measure_costs = measure_costs
+        self._measure_costs, self._streams = measure_costs, streams
         self.drafter = self._make_drafter()
         self.chat_format = ChatFormat(target)  # type: ignore[arg-type]
         self.last: Generation | None = None
@@ -144,13 +145,13 @@ class Decoder(CompletionMixin):
         # Lookup drafts carry no calibrated confidence (one earlier occurrence reads as
         # certain): k is chosen from the acceptance so far, by the n-gram drafter up front, by
         # the suffix drafter after its lookup, apart for each class of match length.
-        lookup_costs = CostModel(config.verify_ms, LOOKUP_MS_PER_TOKEN)
+        lookup_costs = CostModel(config.verify_ms, LOOKUP_MS_PER_TOKEN, self._streams)
         lookup_policy: Callable[[], DraftPolicy] = (lambda: AdaptiveK(lookup_costs, k)) if auto else FixedK
         if kind in ("ngram", "suffix"):
             return compose_drafter(kind, lookup_policy, None)
         assert self.draft_model is not None
         if auto:
-            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms), k)
+            model_policy: DraftPolicy = ConfidenceK(CostModel(config.verify_ms, config.draft_ms, self._streams), k)
         else:
             model_policy = FixedK(config.min_draft_prob)
         # The draft's own batches are cheap too: copied guesses ride along (k=auto only, it
@@ -162,10 +163,12 @@ class Decoder(CompletionMixin):
     def _observer(self, curve: Mapping[int, float]) -> Callable[[int, float], None] | None:
         return curve.observe if self._measure_costs and isinstance(curve, MeasuredCurve) else None
 
-    def with_models(self, target: KVModel, draft_model: KVModel | None) -> Decoder:
+    def with_models(self, target: KVModel, draft_model: KVModel | None,
+                    streams: Callable[[], int] | None = None) -> Decoder:
         """This decoder's config on other models, with fresh drafter state: one decoder per
-        server slot, on that slot's sequence views (whose timings are not their batches' costs)."""
-        return Decoder(self.config, target, draft_model, measure_costs=False)
+        server slot, on that slot's sequence views (whose timings are not their batches' costs;
+        `streams`: how many slots share each batch now)."""
+        return Decoder(self.config, target, draft_model, measure_costs=False, streams=streams)
 
     def reset(self) -> None:
         """Empty both KV caches: the next prompt is evaluated whole, as in a fresh process.

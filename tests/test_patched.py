@@ -188,6 +188,37 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
 
 
+def test_a_shared_round_decodes_every_row_as_the_sequence_alone(kernel_models, monkeypatch):
+    """The server's shared batch: three sequences' 7 tokens each (21 rows) go through llama.cpp
+    in decodes of at most 16 rows, so every row equals its sequence decoded alone. The control,
+    the same round in one decode of 21 rows (stock kernels past 16), differs."""
+    from llamaspec.llama import Model, ModelOptions
+
+    system_info()
+    path = kernel_models["q4_k_s"]
+    texts = ["Once upon a time there was a girl", "The dog ran to the big red ball", "Tom and Sue went to the park"]
+    with Model(path, ModelOptions(n_ctx=64)) as alone:
+        seqs = [alone.tokenize(text)[:7] for text in texts]
+        assert all(len(tokens) == 7 for tokens in seqs)
+        want = []
+        for tokens in seqs:
+            alone.reset()
+            want.append(alone.eval(tokens, all_logits=True).copy())
+    with Model(path, ModelOptions(n_ctx=64, n_seq=3)) as shared:
+        assert shared.exact_rows() == BATCH_MAX
+        got = shared.decode_many([(seq, tokens, True) for seq, tokens in enumerate(seqs)])
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
+        shared.reset()
+        monkeypatch.setattr(shared, "exact_rows", lambda: 0)
+        one_decode = shared.decode_many([(seq, tokens, True) for seq, tokens in enumerate(seqs)])
+        assert any(not np.array_equal(g, w) for g, w in zip(one_decode, want))
+        shared.reset()
+        monkeypatch.undo()  # and the cache was left clean: in pieces again, equal again
+        again = shared.decode_many([(seq, tokens, True) for seq, tokens in enumerate(seqs)])
+        assert all(np.array_equal(g, w) for g, w in zip(again, want))
+
+
 @pytest.fixture
 def multirow_settings():
     """The process's kernel settings (set_cpu_kernels), restored after the test; skips where a

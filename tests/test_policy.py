@@ -5,7 +5,7 @@ import pytest
 from llamaspec.drafters import Draft
 from llamaspec.drafters.hybrid import HybridDrafter
 from llamaspec.drafters.ngram import NgramDrafter
-from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, FixedK, MeasuredCurve, draft_steps
+from llamaspec.policy import AdaptiveK, ConfidenceK, CostModel, FixedK, MeasuredCurve, draft_steps, shared_rows_ms
 from llamaspec.sampling import Sampler
 
 # The shape measured on a 2-core CPU: verify cost grows almost linearly with batch size.
@@ -187,6 +187,49 @@ def test_confidence_policy_drafts_less_once_big_batches_are_measured_dearer():
             curve.observe(n, 1.4 * curve.calibrated[n])
     dear = draft_with(ConfidenceK(CostModel(curve, 5.0), k_max=8), probs)
     assert 0 < dear[1] < cheap[1]
+
+
+# The Zen 4 VM's calibration of the Qwen 1.5B Q4_K_M target and the default draft (ms by rows).
+ZEN4_TARGET = {1: 24.8, 2: 24.8, 4: 37.9, 8: 60.8, 12: 91.8, 16: 115.4}
+ZEN4_DRAFT = {1: 9.1, 2: 8.9, 4: 10.2, 8: 16.4, 9: 18.0}
+
+
+def test_shared_rows_are_priced_in_pieces_of_the_largest_measured_batch():
+    curve = {1: 10.0, 2: 12.0, 4: 20.0, 16: 100.0}
+    assert shared_rows_ms(curve, 4) == 20.0
+    assert shared_rows_ms(curve, 16) == 100.0
+    assert shared_rows_ms(curve, 40) == pytest.approx(2 * 100.0 + 20.0 + (8 - 4) / (16 - 4) * 80.0)
+    assert shared_rows_ms(curve, 33) == pytest.approx(2 * 100.0 + 10.0)
+
+
+def test_a_step_costs_a_server_slot_the_round_of_every_busy_slot():
+    streams = [1]
+    costs = CostModel(ZEN4_TARGET, ZEN4_DRAFT, lambda: streams[0])
+    alone = CostModel(ZEN4_TARGET, ZEN4_DRAFT)
+    for k in (0, 1, 3, 7):
+        assert costs.step_ms(k) == alone.step_ms(k)
+    streams[0] = 4
+    assert costs.verify(1) == ZEN4_TARGET[4]
+    assert costs.verify(4) == ZEN4_TARGET[16]
+    assert costs.draft_token_ms() == ZEN4_DRAFT[4]
+    assert costs.step_ms(3) == 3 * ZEN4_DRAFT[4] + ZEN4_TARGET[16]
+    streams[0] = 8
+    assert costs.step_ms(3) == 3 * ZEN4_DRAFT[8] + 2 * ZEN4_TARGET[16]  # 32 rows: two decodes of 16
+    streams[0] = 0  # between requests: a slot counts itself
+    assert costs.step_ms(2) == alone.step_ms(2)
+
+
+def test_confidence_policy_stops_drafting_when_many_slots_share_the_batch():
+    """Measured with scripts/serve_load.py before this was priced in: 8 streams drafting as if
+    alone ran at 41 tok/s against 77 plain. A sure draft still pays for one stream, not for 8."""
+    streams = [1]
+    policy = ConfidenceK(CostModel(ZEN4_TARGET, ZEN4_DRAFT, lambda: streams[0]), k_max=15)
+    sure = [0.95] * 20
+    assert draft_with(policy, sure)[1] >= 3
+    streams[0] = 8
+    assert policy.begin(15) == 0
+    streams[0] = 1
+    assert draft_with(policy, sure)[1] >= 3
 
 
 def test_ngram_copies_what_followed_the_latest_match():

@@ -61,7 +61,7 @@ class SlotPool:
         self.slots: list[Slot] = []
         for seq in range(n_slots):
             views = [SequenceView(m, seq, self.batch, n_ctx) for m in (decoder.target, decoder.draft_model) if m]
-            slot_decoder = decoder.with_models(views[0], views[1] if len(views) > 1 else None)
+            slot_decoder = decoder.with_models(views[0], views[1] if len(views) > 1 else None, self.busy_streams)
             self.slots.append(Slot(seq, slot_decoder, views))
         self._free: asyncio.Queue[Slot | ApiError] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -77,6 +77,11 @@ class SlotPool:
             for slot in self.slots:
                 self._free.put_nowait(slot)
         return self._free
+
+    def busy_streams(self) -> int:
+        """Generations sharing the batch now (read without the lock: the slots' policies ask
+        at every draft step, and a count one round stale is as good)."""
+        return max(1, self.batch.busy)
 
     @property
     def n_busy(self) -> int:
