@@ -256,6 +256,29 @@ def test_serve_bad_flags_exit_with_one_line(stories: Path) -> None:
         server.stop()
 
 
+def test_slot_policies_price_the_round_of_every_busy_slot(stories: Path, truncated_draft: Path) -> None:
+    """A slot waits for the whole shared round, so its draft-length policy must price a step
+    at the rows of every busy slot (CostModel's streams), read at each decision."""
+    from contextlib import ExitStack
+
+    from llamaspec.policy import shared_rows_ms
+
+    decoder = SpeculativeDecoder(stories, truncated_draft, k="auto", drafter="model", options=ModelOptions(n_ctx=256))
+    engine = Engine(n_slots=1, n_ctx=256)
+    engine.start(decoder)
+    assert engine.pool is not None
+    costs = engine.pool.slots[0].decoder.drafter.policy.costs  # type: ignore[union-attr]
+    curve = decoder.config.verify_ms
+    assert costs.verify(3) == curve[3]  # idle: one stream, the calibrated curve
+    with ExitStack() as busy:
+        for _ in range(6):
+            busy.enter_context(engine.pool.batch.working())
+        assert costs.verify(3) == pytest.approx(shared_rows_ms(curve, 18))
+    assert costs.verify(3) == curve[3]
+    engine.pool.shutdown()
+    decoder.close()
+
+
 def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draft: Path) -> None:
     """/metrics runs on the event loop, so it must never wait for the shared batch's lock,
     which a slot thread holds for a whole decode round: here the target's second round lasts
