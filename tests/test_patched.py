@@ -219,6 +219,37 @@ def test_a_shared_round_decodes_every_row_as_the_sequence_alone(kernel_models, m
         assert all(np.array_equal(g, w) for g, w in zip(again, want))
 
 
+def test_a_shared_round_takes_prompts_in_pieces_where_the_server_chose_them(kernel_models):
+    """With prompt_rows at the batch-invariant size (calibrate.choose_prompt_rows, the server's
+    choice where it is faster), a 40-token prompt sharing a round with a generation step gives
+    every row as the prompt decoded alone in 16-token evals, and the step as alone; in one
+    decode of up to n_batch rows (stock kernels) the prompt's rows differ."""
+    from llamaspec.calibrate import choose_prompt_rows
+    from llamaspec.llama import Model, ModelOptions
+
+    system_info()
+    path = kernel_models["q4_k_s"]
+    text = "Once upon a time there was a little girl who lived in a village near the forest. " * 4
+    with Model(path, ModelOptions(n_ctx=128)) as alone:
+        prompt, step = alone.tokenize(text)[:40], alone.tokenize("The dog ran")[:3]
+        assert len(prompt) == 40
+        want_prompt = np.concatenate([alone.eval(prompt[i : i + 16], all_logits=True).copy() for i in (0, 16, 32)])
+        alone.reset()
+        want_step = alone.eval(step, all_logits=True).copy()
+    with Model(path, ModelOptions(n_ctx=128, n_seq=2)) as shared:
+        choice = choose_prompt_rows([shared])
+        assert choice[path.name] in (shared.n_batch, BATCH_MAX)  # measured and remembered
+        shared.prompt_rows = BATCH_MAX
+        got_prompt, got_step = shared.decode_many([(0, prompt, True), (1, step, True)])
+        np.testing.assert_array_equal(got_prompt, want_prompt)
+        np.testing.assert_array_equal(got_step, want_step)
+        shared.reset()
+        shared.prompt_rows = shared.n_batch
+        stock_prompt, stock_step = shared.decode_many([(0, prompt, True), (1, step, True)])
+        assert not np.array_equal(stock_prompt, want_prompt)
+        np.testing.assert_array_equal(stock_step, want_step)
+
+
 @pytest.fixture
 def multirow_settings():
     """The process's kernel settings (set_cpu_kernels), restored after the test; skips where a

@@ -104,6 +104,8 @@ class Model:
         self._expanded = np.empty((0, self.n_vocab), dtype=np.float32)  # a trimmed draft's logits, by target id
         self.n_ctx: int = ll.llama_n_ctx(self._ctx)
         self.n_batch: int = ll.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
+        # decode_many's rows per decode for prompts; the server may lower it (calibrate.choose_prompt_rows)
+        self.prompt_rows: int = self.n_batch
         self.needs_state_rollback = bool(
             ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
         )
@@ -270,9 +272,9 @@ class Model:
         most that many rows, so every row is computed as in a batch of one (bit-identical to
         plain decoding) and costs what a verify row costs: 17 rows or more take the stock
         kernels, dearer on CPU (Zen 4 VM, Qwen 1.5B Q4_K_M: 16 rows 115 ms, 17 rows 201, 32
-        rows 345). Longer items (prompts) share decodes of up to n_batch rows, as llama.cpp
-        evaluates a prompt. Returns, per item, a copy of its logits rows: every row with
-        all_logits, else the last one.
+        rows 345). Longer items (prompts) share decodes of up to `prompt_rows` rows: n_batch,
+        as llama.cpp evaluates a prompt, unless the server found pieces of `exact_rows` faster.
+        Returns, per item, a copy of its logits rows: every row with all_logits, else the last one.
         """
         seqs = [seq for seq, _, _ in items]
         if len(set(seqs)) != len(seqs) or not all(0 <= seq < len(self.seq_tokens) for seq in seqs):
@@ -286,7 +288,7 @@ class Model:
         exact = self.exact_rows()
         short = [owner for owner, (_, tokens, _) in enumerate(items) if len(tokens) <= exact]
         long = [owner for owner, (_, tokens, _) in enumerate(items) if len(tokens) > exact]
-        for owners, rows_per_decode in ((short, exact), (long, self.n_batch)):
+        for owners, rows_per_decode in ((short, exact), (long, self.prompt_rows)):
             self._decode_in_pieces(items, owners, rows_per_decode, results)
         return [rows[0] if len(rows) == 1 else np.concatenate(rows) for rows in results]
 

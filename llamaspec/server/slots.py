@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..calibrate import choose_prompt_rows
 from ..decoder import Decoder, SpeculativeDecoder
 from ..errors import LlamaSpecError
 from ..stats import GenerationStats
@@ -168,6 +169,7 @@ class Engine:
         self.restarts = restarts
 
     def start(self, decoder: SpeculativeDecoder) -> None:
+        choose_prompt_rows([model for model in (decoder.target, decoder.draft_model) if model is not None])
         self.decoder = decoder
         self.pool = SlotPool(decoder, self.n_slots, self.n_ctx, self.metrics)
         self.unavailable = None
