@@ -156,11 +156,12 @@ def choose_prompt_rows(models: Sequence[Model], repeats: int = 5) -> dict[str, i
     chosen: dict[str, int] = {}
     for model in models:
         exact = model.exact_rows()
-        if exact < 2 or model.n_batch <= exact:
+        n_tokens = min(PROMPT_TOKENS, model.n_ctx - N_CONTEXT)  # a small context gets a shorter prompt
+        if exact < 2 or model.n_batch <= exact or n_tokens < 2 * exact:
             continue
 
-        def measure(model: Model = model, exact: int = exact) -> int:
-            prompt = model.tokenize(_FILLER * 32, add_special=False)[:PROMPT_TOKENS]
+        def measure(model: Model = model, exact: int = exact, n_tokens: int = n_tokens) -> int:
+            prompt = model.tokenize(_FILLER * 32, add_special=False)[:n_tokens]
             times: dict[int, list[float]] = {model.n_batch: [], exact: []}
             with at_filler_depth([model]) as (base,):
                 for round_ in range(repeats + 1):  # round 0 warms up
@@ -174,7 +175,7 @@ def choose_prompt_rows(models: Sequence[Model], repeats: int = 5) -> dict[str, i
             ratios = [a / b for a, b in zip(times[exact], times[model.n_batch])]
             return exact if statistics.median(ratios) < 1 else model.n_batch
 
-        model.prompt_rows = int(remembered("prompt_rows", _key(model, [PROMPT_TOKENS]), announced(
+        model.prompt_rows = int(remembered("prompt_rows", _key(model, [n_tokens]), announced(
             f"how {model.path.name} evaluates a prompt faster", measure)))
         chosen[model.path.name] = model.prompt_rows
     return chosen
