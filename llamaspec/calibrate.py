@@ -64,6 +64,24 @@ def at_filler_depth(models: Sequence[Model]) -> Iterator[list[list[int]]]:
                 model.eval(tokens)
 
 
+def first_is_faster(model: Model, first: Callable[[list[int]], object], second: Callable[[list[int]], object],
+                    repeats: int) -> bool:
+    """Whether `first` runs faster than `second` on the model here: each is given the filler
+    tokens the cache holds and is timed, the cache rolled back after it; the two take turns,
+    the order flipping every round (round 0 warms up), and the median of their ratios within
+    each round decides, so a slow stretch of a shared machine weighs on both alike."""
+    runs, times = (first, second), ([], [])
+    with at_filler_depth([model]) as (base,):
+        for round_ in range(repeats + 1):
+            for i in (1, 0) if round_ % 2 else (0, 1):
+                start = time.perf_counter()
+                runs[i](base)
+                if round_:
+                    times[i].append(time.perf_counter() - start)
+                model.rollback(len(base))
+    return statistics.median(a / b for a, b in zip(*times)) < 1
+
+
 def measure_eval_ms(model: Model, sizes: list[int], repeats: int = 5) -> dict[int, float]:
     """The fastest of `repeats` timings of one `eval(all_logits=True)` of n tokens, for each n.
 
@@ -116,21 +134,13 @@ def choose_batch1_kernels(models: Sequence[Model], repeats: int = 15) -> dict[st
     if not models or settings is None or os.environ.get("GGML_CPU_MULTIROW"):
         return {}
     batch_invariant, _, control = settings
-    candidates = (Multirow.BATCHES, Multirow.ALL)
 
     def measure(model: Model) -> int:
-        times: dict[Multirow, list[float]] = {mode: [] for mode in candidates}
-        with at_filler_depth([model]) as (base,):
-            for round_ in range(repeats + 1):  # round 0 warms up
-                for mode in candidates if round_ % 2 else reversed(candidates):
-                    set_cpu_kernels(batch_invariant, mode, control)
-                    start = time.perf_counter()
-                    model.eval(base[:1], all_logits=True)
-                    if round_:
-                        times[mode].append(time.perf_counter() - start)
-                    model.rollback(len(base))
-        ratios = [a / b for a, b in zip(times[Multirow.ALL], times[Multirow.BATCHES])]
-        return int(Multirow.ALL if statistics.median(ratios) < 1 else Multirow.BATCHES)
+        def one_token(mode: Multirow) -> Callable[[list[int]], object]:
+            return lambda base: (set_cpu_kernels(batch_invariant, mode, control), model.eval(base[:1], all_logits=True))
+
+        faster = first_is_faster(model, one_token(Multirow.ALL), one_token(Multirow.BATCHES), repeats)
+        return int(Multirow.ALL if faster else Multirow.BATCHES)
 
     chosen: dict[str, Multirow] = {}
     for model in models:
@@ -162,18 +172,11 @@ def choose_prompt_rows(models: Sequence[Model], repeats: int = 5) -> dict[str, i
 
         def measure(model: Model = model, exact: int = exact, n_tokens: int = n_tokens) -> int:
             prompt = model.tokenize(_FILLER * 32, add_special=False)[:n_tokens]
-            times: dict[int, list[float]] = {model.n_batch: [], exact: []}
-            with at_filler_depth([model]) as (base,):
-                for round_ in range(repeats + 1):  # round 0 warms up
-                    for rows in (exact, model.n_batch) if round_ % 2 else (model.n_batch, exact):
-                        start = time.perf_counter()
-                        for piece in range(0, len(prompt), rows):
-                            model.eval(prompt[piece : piece + rows])
-                        if round_:
-                            times[rows].append(time.perf_counter() - start)
-                        model.rollback(len(base))
-            ratios = [a / b for a, b in zip(times[exact], times[model.n_batch])]
-            return exact if statistics.median(ratios) < 1 else model.n_batch
+
+            def in_pieces(rows: int) -> Callable[[list[int]], object]:
+                return lambda _: [model.eval(prompt[piece : piece + rows]) for piece in range(0, len(prompt), rows)]
+
+            return exact if first_is_faster(model, in_pieces(exact), in_pieces(model.n_batch), repeats) else model.n_batch
 
         model.prompt_rows = int(remembered("prompt_rows", _key(model, [n_tokens]), announced(
             f"how {model.path.name} evaluates a prompt faster", measure)))

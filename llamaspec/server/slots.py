@@ -81,8 +81,9 @@ class SlotPool:
 
     def busy_streams(self) -> int:
         """Generations sharing the batch now (read without the lock: the slots' policies ask
-        at every draft step, and a count one round stale is as good)."""
-        return max(1, self.batch.busy)
+        at every draft step, and a count one round stale is as good; CostModel counts an idle
+        slot's own stream)."""
+        return self.batch.busy
 
     @property
     def n_busy(self) -> int:
