@@ -20,7 +20,7 @@ from .chat_session import ChatSession, Turn
 from .cli_common import (
     CtxOpt, Drafter, DrafterOpt, DraftOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepeatPenaltyOpt, SeedOpt,
     StrictOpt, TargetOpt, TargetRpcOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, Verify, VerifyOpt, friendly,
-    model_options, parse_k,
+    huge_pages_opt, model_options, parse_k,
     resolve_pair, sampling_params,
 )
 from .errors import LlamaSpecError
@@ -271,6 +271,7 @@ def chat_command(
     ctx: int = CtxOpt,
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
+    huge_pages: bool = huge_pages_opt(False),
     target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
 ) -> None:
@@ -281,7 +282,7 @@ def chat_command(
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     k_value = parse_k(k)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = model_options(ctx, threads, gpu_layers, flash_attn, target_rpc=target_rpc)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, target_rpc=target_rpc, huge_pages=huge_pages)
     target_path, draft_path = resolve_pair(target, draft, drafter)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:

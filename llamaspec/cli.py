@@ -17,7 +17,7 @@ from .chat_cli import chat_command
 from .cli_common import (
     CtxOpt, TargetRpcOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
     RepeatPenaltyOpt, SeedOpt, StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, VerifyOpt,
-    _progress_fetch, fail, friendly, model_options, parse_k, resolve_model, resolve_pair, sampling_params,
+    _progress_fetch, fail, friendly, huge_pages_opt, model_options, parse_k, resolve_model, resolve_pair, sampling_params,
 )
 from .errors import LlamaSpecError
 
@@ -40,6 +40,7 @@ def generate(
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
     repack: bool = RepackOpt,
+    huge_pages: bool = huge_pages_opt(False),
     target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
@@ -60,7 +61,7 @@ def generate(
     if max_tokens < 0:
         raise LlamaSpecError(f"--max-tokens must be >= 0, got {max_tokens}")
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc, huge_pages=huge_pages)
     target_path, draft_path = resolve_pair(target, draft, drafter)
     with SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                             verify=verify.value, strict=strict) as decoder:
@@ -99,6 +100,7 @@ def bench(
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
     repack: bool = RepackOpt,
+    huge_pages: bool = huge_pages_opt(True),
     target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
     min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Fixed --k only: stop drafting below this draft probability."),
@@ -114,7 +116,7 @@ def bench(
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     selected = load_prompts(prompts, category, limit)
-    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc, huge_pages=huge_pages)
     target_path, draft_path = resolve_pair(target, draft, drafter)
     config = BenchConfig(target_path, draft_path, drafter.value, k_value, max_tokens, options, reference,
                          min_draft_prob, strict)
@@ -144,6 +146,7 @@ def audit(
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
     repack: bool = RepackOpt,
+    huge_pages: bool = huge_pages_opt(False),
     target_rpc: Optional[str] = TargetRpcOpt,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here."),
 ) -> None:
@@ -156,7 +159,7 @@ def audit(
         raise LlamaSpecError(f"--batch-max must be at least 2, got {batch_max}")
     if max_tokens < batch_max + 1:
         raise LlamaSpecError(f"--max-tokens must exceed --batch-max, got {max_tokens}")
-    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc, huge_pages=huge_pages)
     with Model(resolve_model(target or registry.DEFAULT_TARGET), options) as model:
         from .chat import ChatFormat
 
@@ -197,6 +200,7 @@ def serve(
     threads: int = ThreadsOpt,
     gpu_layers: int = GpuOpt,
     flash_attn: FlashAttn = FlashOpt,
+    huge_pages: bool = huge_pages_opt(True),
     target_rpc: Optional[str] = TargetRpcOpt,
     strict: bool = StrictOpt,
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model id clients use (default: the file name)."),
@@ -211,7 +215,8 @@ def serve(
         raise LlamaSpecError(f"--port must be between 0 and 65535, got {port}")
     if max_body < 1:
         raise LlamaSpecError(f"--max-body must be at least 1 byte, got {max_body}")
-    options = model_options(ctx, threads, gpu_layers, flash_attn, n_seq=parallel, target_rpc=target_rpc)
+    options = model_options(ctx, threads, gpu_layers, flash_attn, n_seq=parallel, target_rpc=target_rpc,
+                            huge_pages=huge_pages)
     target_path, draft_path = resolve_pair(target, draft, drafter)
 
     def load() -> SpeculativeDecoder:  # again after a lost RPC server: the server reloads in place

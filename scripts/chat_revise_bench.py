@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    target, draft, options = resolve_model(args.target), resolve_model(args.draft), ModelOptions(n_ctx=4096)
+    target, draft, options = resolve_model(args.target), resolve_model(args.draft), ModelOptions(n_ctx=4096, huge_pages=True)
     decoders = {"plain": SpeculativeDecoder(target, None, options=options),
                 "suffix": SpeculativeDecoder(target, None, drafter="suffix", options=options),
                 "hybrid": SpeculativeDecoder(target, draft, drafter="hybrid", options=options)}

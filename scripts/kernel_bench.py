@@ -140,11 +140,11 @@ def main() -> int:
         if not set_cpu_kernels(16):
             raise LlamaSpecError("this llama-cpp-python has no kernel switch: it is not the patched build "
                                  "(scripts/install.sh builds it; LLAMASPEC_STOCK=1 builds stock)")
-        with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512)) as model:
+        with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512, huge_pages=True)) as model:
             times = measure(model, MODES, args.repeats)
         costs = {mode: {n: ms["eval"] for n, ms in by_n.items()} for mode, by_n in medians(times).items()}
         if args.by_type:
-            with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512, profile_ops=True)) as model:
+            with Model(path, ModelOptions(n_threads=args.threads, n_ctx=512, profile_ops=True, huge_pages=True)) as model:
                 by_type = medians(measure(model, BY_TYPE_MODES, args.repeats, profiled))
     except LlamaSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)

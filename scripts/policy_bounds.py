@@ -68,7 +68,7 @@ class Text:
         return common_prefix_len(self.guess[at : at + n].tolist(), self.output[at : at + n])
 
 
-OPTIONS = ModelOptions(n_ctx=2048)
+OPTIONS = ModelOptions(n_ctx=2048, huge_pages=True)  # as `llamaspec bench`
 
 
 def record(target: Path, max_tokens: int) -> tuple[list[tuple[str, list[int], list[int]]], dict[int, float]]:

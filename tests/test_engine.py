@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import STORY_PROMPTS
@@ -196,19 +198,20 @@ def test_rpc_timeout_option_defaults_to_the_environment(monkeypatch):
 
 
 def test_weights_are_read_only_where_the_cpu_runs_them(monkeypatch):
-    """A GGUF is read into memory (huge pages) only when every layer runs on this CPU on Linux:
-    offloaded or remote layers keep llama.cpp's own loading (a mapped file), and so does
+    """A GGUF is read into memory (huge pages) only when asked for huge pages and every layer
+    runs on this CPU on Linux: otherwise llama.cpp's own loading (a mapped file), and so with
     LLAMASPEC_MMAP (a model larger than free memory)."""
     import llamaspec.llama.options as options
 
     monkeypatch.setattr(options.sys, "platform", "linux")
     monkeypatch.delenv("LLAMASPEC_MMAP", raising=False)
-    assert ModelOptions().reads_weights
-    assert not ModelOptions(mmap=True).reads_weights
+    huge = ModelOptions(huge_pages=True)
+    assert huge.reads_weights and not ModelOptions().reads_weights
+    assert not replace(huge, mmap=True).reads_weights
     monkeypatch.setenv("LLAMASPEC_MMAP", "1")
-    assert not ModelOptions().reads_weights
+    assert not ModelOptions(huge_pages=True).reads_weights
     monkeypatch.delenv("LLAMASPEC_MMAP")
-    assert not ModelOptions(n_gpu_layers=99).reads_weights
-    assert not ModelOptions(rpc_servers=("127.0.0.1:50052",)).reads_weights
+    assert not replace(huge, n_gpu_layers=99).reads_weights
+    assert not replace(huge, rpc_servers=("127.0.0.1:50052",)).reads_weights
     monkeypatch.setattr(options.sys, "platform", "darwin")
-    assert not ModelOptions().reads_weights
+    assert not ModelOptions(huge_pages=True).reads_weights

@@ -63,6 +63,17 @@ def ggml() -> ctypes.CDLL:
     return ctypes.CDLL(ll.llama_cpp._lib._name)
 
 
+_PR_SET_THP_DISABLE = 41
+
+
+def use_huge_pages(on: bool) -> None:
+    """Let this process's memory fault in as transparent huge pages, or keep it on 4 KiB pages
+    (PR_SET_THP_DISABLE, which overrides the patched ggml's MADV_HUGEPAGE). Process-wide, and
+    it applies to pages touched from now on: set it before a model is loaded. Linux only."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_THP_DISABLE, int(not on), 0, 0, 0)
+
+
 def check_gguf_file(path: Path) -> None:
     """Reject missing and non-GGUF files before llama.cpp sees them (it would only log)."""
     if not path.is_file():

@@ -42,6 +42,7 @@ class Model:
         self.trimmed: trim.TrimmedVocab | None = None
         backend.check_gguf_file(self.path)
         backend.clear_errors()
+        backend.use_huge_pages(options.huge_pages)
         model_params = ll.llama_model_default_params()
         model_params.n_gpu_layers = options.n_gpu_layers
         model_params.use_extra_bufts = options.repack

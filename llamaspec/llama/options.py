@@ -49,6 +49,13 @@ class ModelOptions:
     # Map the GGUF as llama.cpp does (shared page cache; a model larger than free memory can
     # still run) instead of reading it onto huge pages ($LLAMASPEC_MMAP).
     mmap: bool = field(default_factory=_env_flag("LLAMASPEC_MMAP"))
+    # Put the weights and buffers on transparent huge pages (cpp_patches/0004; Linux). A
+    # decode, which streams every weight, runs about 7 % faster on them, but a VM that hands
+    # free memory back to its host faults them in slowly: on the Firecracker VM of RESULTS.md
+    # the Qwen 1.5B Q4_K_M target loads in 8.4 s on huge pages against 1.5 s on 4 KiB pages.
+    # Worth it for long runs (serve, bench); not for one answer. Process-wide: the last
+    # model loaded sets it (Model.__init__).
+    huge_pages: bool = False
     # Compute every graph node alone and time it (`Model.op_timer`; profile.py): slower, for
     # the per-operation breakdown of `scripts/kernel_bench.py --by-type` only.
     profile_ops: bool = False
@@ -60,10 +67,10 @@ class ModelOptions:
 
     @property
     def reads_weights(self) -> bool:
-        """Read the GGUF into memory instead of mapping it (Linux, CPU only). Why: the patched
-        ggml puts large buffers on transparent huge pages, and a decode, which streams every
-        weight, was about 5 % faster on them than on the 4 KiB pages of a mapped file."""
-        return self.on_this_cpu and sys.platform.startswith("linux") and not self.mmap
+        """Read the GGUF into memory instead of mapping it (Linux, CPU, huge pages). Why: the
+        patched ggml puts large buffers on transparent huge pages, while the pages of a mapped
+        file stay 4 KiB."""
+        return self.on_this_cpu and sys.platform.startswith("linux") and self.huge_pages and not self.mmap
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
