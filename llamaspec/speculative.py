@@ -1,10 +1,10 @@
 """The speculative decoding loop, and plain decoding as the same loop with no drafter.
 
-Invariant at the top of every step after the first: the target's KV cache holds
-`context[:-1]`, and `context[-1]` is the newest token, not yet evaluated. A step evaluates
-`[context[-1], d1..dk]` in ONE batch with logits on every row, keeps the agreeing prefix
-plus one token of the target's own, and cuts the rejected tail from the cache. The first
-step already has the prompt's last row from prefill and evaluates only `d1..dk`.
+Invariant at the top of every step: the target's KV cache holds `context[:-1]`, and
+`context[-1]` is the newest token, not yet evaluated. A step evaluates `[context[-1], d1..dk]`
+in ONE batch with logits on every row, keeps the agreeing prefix plus one token of the
+target's own, and cuts the rejected tail from the cache. The first token comes from the
+prompt's last row (prefill), which establishes the invariant.
 """
 
 from __future__ import annotations
@@ -107,13 +107,27 @@ def generate_tokens(
     context = list(prompt)
     stats.n_prompt = len(context)
     started = time.perf_counter()
-    stats.n_prompt_evaluated, pending_row = prefill(target, context)
+    stats.n_prompt_evaluated, prompt_row = prefill(target, context)
     if drafter:
         drafter.prefill(context)
     stats.prefill_s = time.perf_counter() - started
     stats.stop_reason = "max_tokens"
     try:
-        while stats.n_generated < max_tokens:
+        # The first token comes from the prompt's last row, as in plain decoding: no draft
+        # guesses what is already known, and it streams out before any drafting.
+        emit = [_target_choice(Draft(), prompt_row, context, sampler, verify)[1]] if max_tokens else []
+        if trace and emit:
+            trace(StepTrace(len(context) - 1, context[-1:], 0, emit[0], prompt_row))
+        while emit:
+            for token in emit:
+                if target.is_eog(token):
+                    stats.stop_reason = "eog"
+                    return
+                context.append(token)
+                stats.n_generated += 1
+                yield token
+            if stats.n_generated >= max_tokens:
+                return
             room = target.n_ctx - len(context)  # draft tokens that still fit after context[-1]
             if room < 0:
                 stats.stop_reason = "context_full"
@@ -123,16 +137,10 @@ def generate_tokens(
             draft = drafter.propose(context, k_step, sampler) if k_step > 0 else Draft()
             t_drafted = time.perf_counter()
             evaluated = [context[-1], *draft.tokens]
-            if pending_row is None:
-                rows = target.eval(evaluated, all_logits=True)
-                n_evaluated = len(evaluated)
-            else:  # first step: row 0 came with the prompt
-                rows = np.concatenate([pending_row, target.eval(draft.tokens, all_logits=True)]) \
-                    if draft.tokens else pending_row
-                n_evaluated, pending_row = len(draft.tokens), None
+            rows = target.eval(evaluated, all_logits=True)
             t_verified = time.perf_counter()
-            if on_verify and n_evaluated:
-                on_verify(n_evaluated, 1000.0 * (t_verified - t_drafted))
+            if on_verify:
+                on_verify(len(evaluated), 1000.0 * (t_verified - t_drafted))
             n_accepted, next_token = _target_choice(draft, rows, context, sampler, verify)
             if trace:
                 trace(StepTrace(len(context) - 1, evaluated, n_accepted, next_token, rows))
@@ -141,15 +149,7 @@ def generate_tokens(
                 drafter.observe(len(draft.tokens), n_accepted)
             stats.record_step(len(draft.tokens), n_accepted, t_drafted - t_start, t_verified - t_drafted,
                               time.perf_counter() - t_start)
-            for token in [*draft.tokens[:n_accepted], next_token]:
-                if target.is_eog(token):
-                    stats.stop_reason = "eog"
-                    return
-                context.append(token)
-                stats.n_generated += 1
-                yield token
-                if stats.n_generated >= max_tokens:
-                    return
+            emit = [*draft.tokens[:n_accepted], next_token]
     finally:
         # Leave the cache as plain decoding would: without the accepted draft tokens past an
         # end of generation or past where the caller stopped. The next turn's prompt is then

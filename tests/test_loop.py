@@ -70,8 +70,10 @@ def test_perfect_draft_emits_k_plus_one_per_step():
     stats = GenerationStats()
     out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(SCRIPT), k=3, max_tokens=12, stats=stats))
     assert out == SCRIPT[3:15]
-    assert stats.n_steps == 3 and stats.accept_histogram == [0, 0, 0, 3]
-    assert target.batch_sizes == [3, 3, 4, 4]  # prompt, then d1..d3, then [last, d1, d2, d3]
+    # The prompt (its row gives the first token), then [last, d1, d2, d3] twice, then
+    # [last, d1, d2]: the last step drafts no more than max_tokens leaves room for.
+    assert stats.n_steps == 3 and stats.accept_histogram == [0, 0, 1, 2]
+    assert target.batch_sizes == [3, 4, 4, 3]
 
 
 def test_on_verify_hears_every_target_eval_after_the_prompt():
@@ -79,16 +81,16 @@ def test_on_verify_hears_every_target_eval_after_the_prompt():
     heard: list[tuple[int, float]] = []
     list(generate_tokens(target, PROMPT, drafter=ListDrafter(SCRIPT), k=3, max_tokens=12,
                          on_verify=lambda n, ms: heard.append((n, ms))))
-    assert [n for n, _ in heard] == target.batch_sizes[1:] == [3, 4, 4]
+    assert [n for n, _ in heard] == target.batch_sizes[1:] == [4, 4, 3]
     assert all(ms >= 0.0 for _, ms in heard)
 
 
 def test_wrong_draft_still_gives_target_tokens_and_rolls_back():
-    guesses = [t if i % 3 else 1 for i, t in enumerate(SCRIPT)]  # every third guess wrong
+    guesses = [t if i % 3 != 1 else 1 for i, t in enumerate(SCRIPT)]  # every third guess wrong
     target = ScriptedTarget(SCRIPT)
     stats = GenerationStats()
-    out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(guesses), k=4, max_tokens=20, stats=stats))
-    assert out == SCRIPT[3:23]
+    out = list(generate_tokens(target, PROMPT, drafter=ListDrafter(guesses), k=4, max_tokens=21, stats=stats))
+    assert out == SCRIPT[3:24]
     assert 0 < stats.acceptance_rate < 1
     assert target.tokens == SCRIPT[: len(target.tokens)]  # the cache never keeps a rejected token
     # Acceptance by draft position: every position is reached as often as the ones before it
@@ -146,8 +148,8 @@ def test_the_cache_ends_as_plain_decoding_leaves_it(stop):
 def test_max_tokens_trims_the_last_step():
     target = ScriptedTarget(SCRIPT)
     drafter = ListDrafter(SCRIPT)
-    out = list(generate_tokens(target, PROMPT, drafter=drafter, k=4, max_tokens=7))
-    assert out == SCRIPT[3:10]
+    out = list(generate_tokens(target, PROMPT, drafter=drafter, k=4, max_tokens=8))
+    assert out == SCRIPT[3:11]
     assert drafter.observed == [(4, 4), (1, 1)]  # no drafting past the limit
 
 

@@ -21,11 +21,13 @@ OPTIONS = ModelOptions(n_ctx=256)
 
 
 def first_two(target, prompt, drafter, n, seed0, verify="rejection"):
+    """Counts of the second and third tokens: the first step's verified pair (the first token
+    is sampled from the prompt's row, before any drafting)."""
     out = Counter()
     for i in range(n):
         sampler = Sampler(SamplingParams(seed=seed0 + i, **PARAMS))
-        out[tuple(generate_tokens(target, prompt, drafter=drafter, k=3, max_tokens=2, sampler=sampler,
-                                  verify=verify))] += 1
+        out[tuple(generate_tokens(target, prompt, drafter=drafter, k=3, max_tokens=3, sampler=sampler,
+                                  verify=verify))[1:]] += 1
     return out
 
 
