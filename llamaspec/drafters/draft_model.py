@@ -38,11 +38,12 @@ class DraftModelDrafter:
         self._scratch = np.empty(model.n_vocab, dtype=np.float32)  # _top_prob's working row
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        """The prompt but its last token, which the first step evaluates for its logits."""
-        n_keep = common_prefix_len(self.model.tokens, prompt[:-1])
+        """The whole prompt: the first step drafts after the first token, which the target
+        chose from the prompt's last row."""
+        n_keep = common_prefix_len(self.model.tokens, prompt)
         self.model.rollback(n_keep)
-        if n_keep < len(prompt) - 1:
-            self.model.eval(prompt[n_keep:-1])
+        if n_keep < len(prompt):
+            self.model.eval(prompt[n_keep:])
 
     def _eval_ahead(self, history: list[int], limit: int) -> tuple[list[int], np.ndarray]:
         """The logits after `history` and after history + guesses[:j] for each guess the
