@@ -3,7 +3,10 @@
 
 For each concurrency level and speculation on/off, it sends that many streaming chat
 requests at once (prompts from the shipped suite, greedy, --max-tokens each) and reports
-aggregate tokens/s, p50/p99 time to first token, and p50/p99 per-token latency per stream.
+aggregate tokens/s, p50/p99 time to first token, p50/p99 per-token latency per stream, and how
+many tokens the slots drafted per generated token. With --repeats N each level runs N rounds,
+speculation off and on alternating in order, and the summary gives each round's ratio and their
+median: the machine's state moves between rounds by more than small differences.
 
     llamaspec serve --parallel 8 --port 8080 &
     python scripts/serve_load.py --url http://127.0.0.1:8080 --streams 1,8 --json load.json
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from urllib.parse import urlparse
@@ -34,7 +38,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, max_token
             "stream": True, "speculative": {"enabled": speculative}}
     start = time.perf_counter()
     first = last = None
-    n_tokens = 0
+    n_tokens = n_drafted = 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -48,8 +52,9 @@ async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, max_token
                 first = first or last
             if "speculative" in chunk:
                 n_tokens = chunk["speculative"]["n_generated"]
+                n_drafted = chunk["speculative"]["n_drafted"]
     assert first is not None and last is not None
-    return {"ttft_s": first - start, "tokens": n_tokens, "end_s": last - start,
+    return {"ttft_s": first - start, "tokens": n_tokens, "drafted": n_drafted, "end_s": last - start,
             "per_token_ms": 1000 * (last - first) / max(n_tokens - 1, 1)}
 
 
@@ -65,6 +70,7 @@ async def level(url: str, prompts: list[str], streams: int, max_tokens: int, spe
     per_token = [r["per_token_ms"] for r in results]
     return {"streams": streams, "speculative": speculative, "tokens": tokens, "wall_s": round(wall, 3),
             "aggregate_tokens_per_s": round(tokens / wall, 3),
+            "drafted_per_token": round(sum(r["drafted"] for r in results) / max(tokens, 1), 3),
             "ttft_s": {"p50": round(percentile(ttft, 50), 3), "p99": round(percentile(ttft, 99), 3)},
             "per_token_ms": {"p50": round(percentile(per_token, 50), 2), "p99": round(percentile(per_token, 99), 2)}}
 
@@ -76,27 +82,41 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--category", default="code", help="Prompt category from the shipped suite.")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="Rounds per level, off/on order alternating.")
     parser.add_argument("--json", dest="json_out", default=None)
     args = parser.parse_args()
+    if args.repeats < 1:
+        print("error: --repeats must be at least 1", file=sys.stderr)
+        return 2
     if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
         print("error: the load generator only targets loopback servers", file=sys.stderr)
         return 2
     prompts = [p["prompt"] for p in load_prompts(categories=[args.category])]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     rows = []
+    ratios: dict[int, list[float]] = {}
     for n in (int(s) for s in args.streams.split(",")):
-        for speculative in (False, True):
-            row = asyncio.run(level(args.url, prompts, n, args.max_tokens, speculative, headers))
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    base = {r["speculative"]: r["aggregate_tokens_per_s"] for r in rows if r["streams"] == rows[0]["streams"]}
+        for round_ in range(args.repeats):
+            pair = {}
+            for speculative in (False, True) if round_ % 2 == 0 else (True, False):
+                row = asyncio.run(level(args.url, prompts, n, args.max_tokens, speculative, headers))
+                row["round"] = round_
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                pair[speculative] = row["aggregate_tokens_per_s"]
+            ratios.setdefault(n, []).append(round(pair[True] / pair[False], 3))
+    first = [r for r in rows if r["round"] == 0]
+    base = {r["speculative"]: r["aggregate_tokens_per_s"] for r in first if r["streams"] == first[0]["streams"]}
     summary = {"levels": rows, "aggregate_vs_first_level": {
         f"{r['streams']}x{'spec' if r['speculative'] else 'plain'}":
-            round(r["aggregate_tokens_per_s"] / base[r["speculative"]], 3) for r in rows}}
+            round(r["aggregate_tokens_per_s"] / base[r["speculative"]], 3) for r in first},
+        "speculative_over_plain": {str(n): {"rounds": values, "median": round(statistics.median(values), 3)}
+                                   for n, values in ratios.items()}}
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(summary, f, indent=2)
     print(json.dumps(summary["aggregate_vs_first_level"]))
+    print(json.dumps(summary["speculative_over_plain"]))
     return 0
 
 
