@@ -136,6 +136,11 @@ class DraftPolicy(Protocol):
         """At most this many tokens this step (0: a plain step, draft nothing)."""
         ...
 
+    def pays(self) -> bool:
+        """Whether a step now would draft at all (no side effects): a draft model that would
+        not be asked need not decode a prompt (a server's slot under load)."""
+        ...
+
     def more(self, top_prob: float) -> bool:
         """After each drafted token, with the drafter's probability for it: draft another?"""
         ...
@@ -176,6 +181,9 @@ class FixedK:
 
     def begin(self, max_k: int) -> int:
         return max_k
+
+    def pays(self) -> bool:
+        return True
 
     def more(self, top_prob: float) -> bool:
         return top_prob >= self.min_top_prob
@@ -238,6 +246,9 @@ class AdaptiveK:
         self._seen = [s * self.decay for s in self._seen]
         return self.choose(max_k)
 
+    def pays(self) -> bool:
+        return self.choose() > 0
+
     def more(self, top_prob: float) -> bool:
         return True  # k was chosen up front
 
@@ -291,14 +302,21 @@ class ConfidenceK:
     def _worth(self, k: int, expected: float) -> float:
         return expected - self.rate * self.costs.step_ms(k)
 
-    def _best_ahead(self, p: float) -> float:
-        """The best worth of drafting on from here, each further token accepted with p."""
-        k, expected, reach, best = len(self._expected) - 1, self._expected[-1], self._reach, float("-inf")
-        for j in range(k + 1, self._limit + 1):
+    def _best_from(self, p: float, k: int, expected: float, reach: float, limit: int) -> float:
+        """The best worth of drafting on from k drafted tokens (E_k = expected, reaching the
+        k-th with `reach`) up to `limit`, each further token accepted with p."""
+        best = float("-inf")
+        for j in range(k + 1, limit + 1):
             reach *= p
             expected += reach
             best = max(best, self._worth(j, expected))
         return best
+
+    def _best_ahead(self, p: float) -> float:
+        return self._best_from(p, len(self._expected) - 1, self._expected[-1], self._reach, self._limit)
+
+    def pays(self) -> bool:
+        return self._best_from(self.first, 0, 1.0, 1.0, self.k_max) > self._worth(0, 1.0)
 
     def begin(self, max_k: int) -> int:
         self._limit = min(max_k, self.k_max)

@@ -13,6 +13,8 @@ from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.errors import ContextFullError, VocabMismatchError
 from llamaspec.llama import Model, ModelOptions
 from llamaspec.llama import model as llama_model
+from llamaspec.policy import FixedK
+from llamaspec.sampling import Sampler
 from llamaspec.speculative import StepTrace, generate_tokens
 from llamaspec.stats import GenerationStats
 
@@ -69,6 +71,29 @@ def test_draft_equal_to_target_accepts_everything(stories):
             spec = list(generate_tokens(target, prompt, drafter=drafter, k=4, max_tokens=64, stats=stats))
             assert spec == plain
             assert stats.n_drafted > 0 and stats.acceptance_rate == 1.0
+
+
+def test_a_draft_model_its_policy_would_not_ask_skips_the_prompt(stories, truncated_draft):
+    """A server's slot under load steps plainly (ConfidenceK.pays is false at 8 streams): its
+    draft model must not decode the prompt for nothing, and when a step does draft later it
+    catches up and drafts what an eagerly prefilled draft drafts."""
+
+    class Declining(FixedK):
+        def pays(self) -> bool:
+            return False
+
+    with Model(stories, OPTIONS) as target, Model(truncated_draft, OPTIONS) as draft_model:
+        prompt = target.tokenize("Once upon a time")
+        context = [*prompt, *generate_tokens(target, prompt, max_tokens=1)]
+        eager = DraftModelDrafter(draft_model)
+        eager.prefill(prompt)
+        assert draft_model.tokens == prompt
+        expected = eager.propose(context, 4, Sampler()).tokens
+        draft_model.reset()
+        lazy, evaluated = DraftModelDrafter(draft_model, Declining()), draft_model.n_evaluated
+        lazy.prefill(prompt)
+        assert draft_model.tokens == [] and draft_model.n_evaluated == evaluated
+        assert lazy.propose(context, 4, Sampler()).tokens == expected and len(expected) == 4
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])

@@ -225,11 +225,22 @@ def test_confidence_policy_stops_drafting_when_many_slots_share_the_batch():
     streams = [1]
     policy = ConfidenceK(CostModel(ZEN4_TARGET, ZEN4_DRAFT, lambda: streams[0]), k_max=15)
     sure = [0.95] * 20
-    assert draft_with(policy, sure)[1] >= 3
+    assert policy.pays() and draft_with(policy, sure)[1] >= 3
     streams[0] = 8
+    assert not policy.pays()  # so a slot's draft model need not decode the prompt
     assert policy.begin(15) == 0
     streams[0] = 1
-    assert draft_with(policy, sure)[1] >= 3
+    assert policy.pays() and draft_with(policy, sure)[1] >= 3
+
+
+def test_pays_says_whether_begin_would_draft_without_changing_the_policy():
+    adaptive = AdaptiveK(CostModel(ZEN4_TARGET, ZEN4_DRAFT[1]))
+    assert FixedK().pays() and adaptive.pays() == (adaptive.choose() > 0)
+    costly = ConfidenceK(CostModel({1: 30.0, 2: 60.0, 3: 90.0}, 30.0), k_max=2)  # a draft as dear as a decode
+    assert not costly.pays() and costly.begin(2) == 0
+    policy = ConfidenceK(CostModel(ZEN4_TARGET, ZEN4_DRAFT), k_max=15)
+    before = vars(policy).copy()
+    assert policy.pays() and vars(policy) == before
 
 
 def test_ngram_copies_what_followed_the_latest_match():

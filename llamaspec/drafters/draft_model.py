@@ -38,8 +38,11 @@ class DraftModelDrafter:
         self._scratch = np.empty(model.n_vocab, dtype=np.float32)  # _top_prob's working row
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        """The whole prompt: the first step drafts after the first token, which the target
-        chose from the prompt's last row."""
+        """The whole prompt (the first step drafts after the first token, which the target
+        chose from the prompt's last row), if the policy would draft now: a server's slot
+        under load steps plainly, and its draft catches up only when a step drafts."""
+        if not self.policy.pays():
+            return
         n_keep = common_prefix_len(self.model.tokens, prompt)
         self.model.rollback(n_keep)
         if n_keep < len(prompt):
