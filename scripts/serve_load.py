@@ -6,7 +6,10 @@ requests at once (prompts from the shipped suite, greedy, --max-tokens each) and
 aggregate tokens/s, p50/p99 time to first token, p50/p99 per-token latency per stream, and how
 many tokens the slots drafted per generated token. With --repeats N each level runs N rounds,
 speculation off and on alternating in order, and the summary gives each round's ratio and their
-median: the machine's state moves between rounds by more than small differences.
+median: the machine's state moves between rounds by more than small differences. Each round
+takes the next prompts of the suite (off and on get the same ones): a server slot's suffix
+trie remembers the answers it gave, so a prompt sent again drafts its old answer and favours
+speculation. It says so when the suite runs out and prompts repeat.
 
     llamaspec serve --parallel 8 --port 8080 &
     python scripts/serve_load.py --url http://127.0.0.1:8080 --streams 1,8 --json load.json
@@ -58,12 +61,14 @@ async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, max_token
             "per_token_ms": 1000 * (last - first) / max(n_tokens - 1, 1)}
 
 
-async def level(url: str, prompts: list[str], streams: int, max_tokens: int, speculative: bool,
+async def level(url: str, prompts: list[str], max_tokens: int, speculative: bool,
                 headers: dict[str, str]) -> dict[str, object]:
+    """One stream per prompt, all at once."""
+    streams = len(prompts)
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(one_stream(client, url, prompts[i % len(prompts)], max_tokens, speculative,
-                                                    headers) for i in range(streams)))
+        results = await asyncio.gather(*(one_stream(client, url, prompt, max_tokens, speculative, headers)
+                                         for prompt in prompts))
         wall = time.perf_counter() - start
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["ttft_s"] for r in results]
@@ -80,7 +85,7 @@ def main() -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--streams", default="1,8", help="Comma-separated concurrency levels.")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--category", default="code", help="Prompt category from the shipped suite.")
+    parser.add_argument("--category", default="code", help="Prompt category from the shipped suite, or all.")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--repeats", type=int, default=1, help="Rounds per level, off/on order alternating.")
     parser.add_argument("--json", dest="json_out", default=None)
@@ -91,15 +96,21 @@ def main() -> int:
     if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
         print("error: the load generator only targets loopback servers", file=sys.stderr)
         return 2
-    prompts = [p["prompt"] for p in load_prompts(categories=[args.category])]
+    prompts = [p["prompt"] for p in load_prompts(categories=None if args.category == "all" else [args.category])]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     rows = []
     ratios: dict[int, list[float]] = {}
+    sent = 0  # prompts taken so far, in suite order
     for n in (int(s) for s in args.streams.split(",")):
         for round_ in range(args.repeats):
+            if sent + n > len(prompts) >= sent:
+                print(f"warning: the {len(prompts)} prompts repeat from here; a slot's suffix trie has seen "
+                      "their answers, which favours speculation", file=sys.stderr)
+            chosen = [prompts[(sent + i) % len(prompts)] for i in range(n)]
+            sent += n
             pair = {}
             for speculative in (False, True) if round_ % 2 == 0 else (True, False):
-                row = asyncio.run(level(args.url, prompts, n, args.max_tokens, speculative, headers))
+                row = asyncio.run(level(args.url, chosen, args.max_tokens, speculative, headers))
                 row["round"] = round_
                 print(json.dumps(row), flush=True)
                 rows.append(row)
