@@ -97,12 +97,16 @@ class CostModel:
     """Milliseconds: the target's verify pass by batch size, the drafter's cost per token (a
     number, or a draft model's eval curve, read at batch 1 each time: a MeasuredCurve moves).
 
-    `streams` (a server's slots) says how many sequences share every eval now. Each waits for
-    the whole round, so a step of k drafted tokens costs its slot the round in which every
-    busy slot drafts k and verifies k + 1: k draft evals of `streams` rows and a verify of
-    `streams` * (k + 1) rows. Maximising each slot's tokens per ms then maximises the
-    server's: with 8 busy slots a round of plain steps is 8 rows, and drafting stops paying
-    (`scripts/serve_load.py` on the Zen 4 VM: 8 streams 77 tok/s plain, 41 drafting as if alone)."""
+    `streams` (a server's slots) says how many sequences S share every eval now, and a slot's
+    step is priced by what it adds to the shared round, paid by all S slots, which wait for
+    it: k draft evals of its own row (the other slots need not be drafting) and k more rows in
+    the round's verify. In the per-slot units the policies use (plain rate 1 / verify(1)):
+    verify(n) = c(S) + S * (c(S + n - 1) - c(S)) and a drafted token S * d(1), where c is
+    the verify curve read in decodes of at most its largest size (`shared_rows_ms`). With
+    S = 1 this is the plain curve. Why not share the drafting among the slots: measured with
+    `scripts/serve_load.py --repeats`, slots that priced a round as if every slot drafted
+    drafted 0.6 tokens per token at 2 streams and 0.1-0.3 at 4, and ran 0.73-0.94x of plain
+    decoding; a slot drafting alone holds up the others for its whole draft."""
 
     verify_ms: Mapping[int, float]
     draft_ms_per_token: float | Mapping[int, float]
@@ -112,16 +116,15 @@ class CostModel:
         return max(1, self.streams()) if self.streams is not None else 1
 
     def draft_token_ms(self) -> float:
-        draft, sharing = self.draft_ms_per_token, self._sharing()
-        if not isinstance(draft, Mapping):
-            return draft
-        return draft[1] if sharing == 1 else shared_rows_ms(draft, sharing)
+        draft = self.draft_ms_per_token
+        return self._sharing() * (draft[1] if isinstance(draft, Mapping) else draft)
 
     def verify(self, n_tokens: int) -> float:
         sharing = self._sharing()
         if sharing == 1:
             return curve_at(self.verify_ms, n_tokens)
-        return shared_rows_ms(self.verify_ms, n_tokens * sharing)
+        round_ms = shared_rows_ms(self.verify_ms, sharing)
+        return round_ms + sharing * (shared_rows_ms(self.verify_ms, sharing + n_tokens - 1) - round_ms)
 
     def step_ms(self, k: int) -> float:
         return self.draft_token_ms() * k + self.verify(k + 1)

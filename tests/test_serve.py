@@ -257,8 +257,8 @@ def test_serve_bad_flags_exit_with_one_line(stories: Path) -> None:
 
 
 def test_slot_policies_price_the_round_of_every_busy_slot(stories: Path, truncated_draft: Path) -> None:
-    """A slot waits for the whole shared round, so its draft-length policy must price a step
-    at the rows of every busy slot (CostModel's streams), read at each decision."""
+    """A slot's draft holds up the whole shared round, so its draft-length policy must price a
+    step by what it adds for every busy slot (CostModel's streams), read at each decision."""
     from contextlib import ExitStack
 
     from llamaspec.policy import shared_rows_ms
@@ -273,7 +273,8 @@ def test_slot_policies_price_the_round_of_every_busy_slot(stories: Path, truncat
     with ExitStack() as busy:
         for _ in range(6):
             busy.enter_context(engine.pool.batch.working())
-        assert costs.verify(3) == pytest.approx(shared_rows_ms(curve, 18))
+        round_ms = shared_rows_ms(curve, 6)
+        assert costs.verify(3) == pytest.approx(round_ms + 6 * (shared_rows_ms(curve, 8) - round_ms))
     assert costs.verify(3) == curve[3]
     engine.pool.shutdown()
     decoder.close()
