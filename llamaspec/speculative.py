@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 @dataclass
 class StepTrace:
     """One verify step, for --trace and for tests: the batch the target evaluated at
-    positions `position..position+k`, and what became of it. `rows` is a view into
-    llama.cpp's logits, valid only during the callback."""
+    positions `position..position+k`, and what became of it. The first token's trace is the
+    prompt's last token and row (evaluated with the prompt, nothing drafted). `rows` is a view
+    into llama.cpp's logits, valid only during the callback."""
 
     position: int
     evaluated: list[int]
