@@ -250,6 +250,37 @@ def test_a_shared_round_takes_prompts_in_pieces_where_the_server_chose_them(kern
         np.testing.assert_array_equal(stock_step, want_step)
 
 
+def test_a_sequence_decodes_as_alone_wherever_its_cells_lie_in_the_shared_cache(kernel_models):
+    """In the server's shared (unified) cache a sequence's cells lie between other sequences'
+    cells, wherever cells were free. Two sequences of 300 tokens share every round, 12 rows
+    each, the second with 4 more rows it then rolls back (a rejected draft: a gap the next round
+    fills), so each sequence's cells interleave with the other's and cross the 256-cell
+    mark at another place than alone: every row still equals the sequence decoded alone, as
+    attention takes a row's cells in one pass, in cell order. F16 weights: the random model
+    whose attention differed when rows were summed by lane or merged by 256-cell chunks."""
+    from llamaspec.llama import Model, ModelOptions
+
+    system_info()
+    path = kernel_models["f16"]
+    text = "Once upon a time there was a little girl who lived in a village near the forest. " * 30
+    with Model(path, ModelOptions(n_ctx=512)) as alone:
+        tokens = alone.tokenize(text)
+        seqs, junk = [tokens[:300], tokens[9:309]], tokens[400:404]
+        want = []
+        for seq in seqs:
+            alone.reset()
+            want.append(np.concatenate([alone.eval(seq[i : i + 12], all_logits=True).copy() for i in range(0, 300, 12)]))
+    with Model(path, ModelOptions(n_ctx=512, n_seq=2)) as shared:
+        got: list[list[np.ndarray]] = [[], []]
+        for i in range(0, 300, 12):
+            a, b = shared.decode_many([(0, seqs[0][i : i + 12], True), (1, seqs[1][i : i + 12] + junk, True)])
+            got[0].append(a)
+            got[1].append(b[: len(b) - len(junk)])
+            shared.rollback(i + 12, seq=1)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(np.concatenate(g), w)
+
+
 @pytest.fixture
 def multirow_settings():
     """The process's kernel settings (set_cpu_kernels), restored after the test; skips where a
