@@ -281,6 +281,52 @@ def test_a_sequence_decodes_as_alone_wherever_its_cells_lie_in_the_shared_cache(
             np.testing.assert_array_equal(np.concatenate(g), w)
 
 
+def test_a_running_sequence_never_takes_cells_below_its_own(kernel_models):
+    """A finished request frees cells below a running sequence's. llama.cpp would place the
+    running sequence's next tokens there (its search restarts at cell 0 when enough cells
+    below the head are free), so attention would meet that sequence's cells out of position
+    order, and sum them in another order than alone. The patched cache places a sequence's
+    new tokens above its last cell: after the request in slot 0 (48 tokens) ends, the one in
+    slot 1 decodes its next 96 rows exactly as alone. The next request in slot 0 fills the
+    freed cells, then the only ones left, above slot 1's, and decodes exactly as alone too
+    (in pieces of up to 16 rows, as the server's generation steps; a prompt's larger decodes
+    have attention tiles of their own)."""
+    from llamaspec.llama import Model, ModelOptions
+
+    system_info()
+    path = kernel_models["f16"]
+    text = "Once upon a time there was a little girl who lived in a village near the forest. " * 10
+    with Model(path, ModelOptions(n_ctx=256)) as alone:
+        tokens = alone.tokenize(text)
+        first, later, new = tokens[:48], tokens[48:144], tokens[:112]
+        alone.eval(first)
+        want = np.concatenate([alone.eval(later[i : i + 12], all_logits=True).copy() for i in range(0, 96, 12)])
+        alone.reset()
+        want_new = np.concatenate([alone.eval(new[i : i + 8], all_logits=True).copy() for i in range(0, 112, 8)])
+    with Model(path, ModelOptions(n_ctx=128, n_seq=2)) as shared:  # 256 cells
+        shared.decode_many([(0, tokens[100:148], True)])
+        shared.decode_many([(1, first, True)])
+        shared.rollback(0, seq=0)
+        got = np.concatenate([shared.decode_many([(1, later[i : i + 12], True)])[0] for i in range(0, 96, 12)])
+        np.testing.assert_array_equal(got, want)
+        got_new = np.concatenate([shared.decode_many([(0, new[i : i + 8], True)])[0] for i in range(0, 112, 8)])
+        np.testing.assert_array_equal(got_new, want_new)
+
+
+def test_a_sequence_at_the_top_of_the_cache_still_takes_the_cells_freed_below(kernel_models):
+    """Where no free cell lies above a sequence's last one, its tokens go where llama.cpp would
+    put them (the order, and with it exactness, is lost, but the request goes on)."""
+    from llamaspec.llama import Model, ModelOptions
+
+    with Model(kernel_models["f16"], ModelOptions(n_ctx=128, n_seq=2)) as shared:  # 256 cells
+        shared.decode_many([(0, list(range(10, 110)), True)])
+        shared.decode_many([(1, list(range(20, 176)), True)])
+        shared.rollback(0, seq=0)
+        for i in range(0, 96, 12):
+            shared.decode_many([(1, list(range(200 + i, 212 + i)), True)])
+        assert shared.kv_tokens(1) == 252
+
+
 @pytest.fixture
 def multirow_settings():
     """The process's kernel settings (set_cpu_kernels), restored after the test; skips where a
