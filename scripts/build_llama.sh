@@ -14,7 +14,7 @@
 # wheel built with other flags or patches is ever reused), then install it. A patch that does
 # not apply or a failed build is one error line and leaves the venv's previous llama-cpp-python
 # as it was (nothing is installed until the wheel exists).
-# The patched CPU backend reports "BATCH_INVARIANT = 16 | MULTIROW = Q4_K,Q6_K" in
+# The patched CPU backend reports "BATCH_INVARIANT = 16 | MULTIROW = Q4_0,Q4_K,Q5_K,Q6_K,Q8_0,F16" in
 # llama_print_system_info(); GGML_CPU_BATCH_INVARIANT=0 gives stock kernels at run time,
 # GGML_CPU_MULTIROW=0 the per-row invariant kernels (or llamaspec.model.set_cpu_kernels).
 set -euo pipefail

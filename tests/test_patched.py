@@ -2,7 +2,7 @@
 must give logits bit-identical to sequential decoding, through the multi-row kernels too.
 
 Runs `llamaspec audit` in a subprocess (each with its own kernel environment). The kernel
-tests quantize a random 256-wide model to one type per tensor (Q4_K, Q6_K, Q4_0, Q8_0, F16),
+tests quantize a random 256-wide model to one type per tensor (Q4_K, Q5_K, Q6_K, Q4_0, Q8_0, F16),
 so every matmul runs that type's kernel at batches 1..16 (tiles of up to 16 rows, groups and odd
 tails), at 1 and 2 threads; a control run with another reduction order or rounding on all but the
 first row of a tile must be caught, so the comparison has power. A batch of 1 can run the multi-row
@@ -30,8 +30,8 @@ BATCH_MAX = 16
 # stock kernel switches from one pass to KV chunks split by thread count
 LONG_TEXT = ("Once upon a time there was a little girl who lived in a village near the forest. "
              "Every day she walked to the river with her dog and her grandmother's basket. ") * 24
-KERNEL_TYPES = ["q4_k_s", "q6_k", "q4_0", "q8_0", "f16"]
-MULTIROW_TYPES = {"q4_k_s": "Q4_K", "q6_k": "Q6_K", "q4_0": "Q4_0", "q8_0": "Q8_0", "f16": "F16"}
+KERNEL_TYPES = ["q4_k_s", "q5_k_s", "q6_k", "q4_0", "q8_0", "f16"]
+MULTIROW_TYPES = {"q4_k_s": "Q4_K", "q5_k_s": "Q5_K", "q6_k": "Q6_K", "q4_0": "Q4_0", "q8_0": "Q8_0", "f16": "F16"}
 
 
 def system_info() -> str:
@@ -124,9 +124,9 @@ def test_system_info_names_the_multirow_kernels():
 
     info = system_info()
     if " AVX2 = 1" in info:
-        assert "MULTIROW = Q4_0,Q4_K,Q6_K,Q8_0,F16" in info, info
-        assert cpu_kernels().startswith("batch-invariant up to 16 tokens, multi-row kernels for Q4_0, Q4_K, Q6_K, "
-                                        "Q8_0, F16")
+        assert "MULTIROW = Q4_0,Q4_K,Q5_K,Q6_K,Q8_0,F16" in info, info
+        assert cpu_kernels().startswith("batch-invariant up to 16 tokens, multi-row kernels for Q4_0, Q4_K, Q5_K, "
+                                        "Q6_K, Q8_0, F16")
     else:  # no AVX2 (or not x86): F16 at most (generic SIMD), the quantized types per row, and it says so
         assert "MULTIROW = F16" in info or "MULTIROW = none" in info, info
         assert "Q4_K" not in cpu_kernels()

@@ -21,6 +21,8 @@ QUANT_TYPES = {
     "f16": ll.LLAMA_FTYPE_MOSTLY_F16,
     "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0,
     "q6_k": ll.LLAMA_FTYPE_MOSTLY_Q6_K,
+    "q5_k_m": ll.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+    "q5_k_s": ll.LLAMA_FTYPE_MOSTLY_Q5_K_S,
     "q4_k_m": ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
     "q4_k_s": ll.LLAMA_FTYPE_MOSTLY_Q4_K_S,
     "q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0,
