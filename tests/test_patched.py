@@ -20,10 +20,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from conftest import REPO
+
+if TYPE_CHECKING:
+    from llamaspec.llama import Model
 
 BATCH_MAX = 16
 # a prompt long enough that the KV cache passes 256 and 512 cells, where flash attention's
@@ -250,6 +254,16 @@ def test_a_shared_round_takes_prompts_in_pieces_where_the_server_chose_them(kern
         np.testing.assert_array_equal(stock_step, want_step)
 
 
+def rows_alone(model: Model, tokens: list[int], size: int) -> np.ndarray:
+    """Every row's logits of `tokens` decoded on the model's single sequence, `size` at a time."""
+    return np.concatenate([model.eval(tokens[i : i + size], all_logits=True).copy() for i in range(0, len(tokens), size)])
+
+
+def rows_shared(model: Model, seq: int, tokens: list[int], size: int) -> np.ndarray:
+    """The same through decode_many on sequence `seq` of a shared cache."""
+    return np.concatenate([model.decode_many([(seq, tokens[i : i + size], True)])[0] for i in range(0, len(tokens), size)])
+
+
 def test_a_sequence_decodes_as_alone_wherever_its_cells_lie_in_the_shared_cache(kernel_models):
     """In the server's shared (unified) cache a sequence's cells lie between other sequences'
     cells, wherever cells were free. Two sequences of 300 tokens share every round, 12 rows
@@ -269,7 +283,7 @@ def test_a_sequence_decodes_as_alone_wherever_its_cells_lie_in_the_shared_cache(
         want = []
         for seq in seqs:
             alone.reset()
-            want.append(np.concatenate([alone.eval(seq[i : i + 12], all_logits=True).copy() for i in range(0, 300, 12)]))
+            want.append(rows_alone(alone, seq, 12))
     with Model(path, ModelOptions(n_ctx=512, n_seq=2)) as shared:
         got: list[list[np.ndarray]] = [[], []]
         for i in range(0, 300, 12):
@@ -300,16 +314,16 @@ def test_a_running_sequence_never_takes_cells_below_its_own(kernel_models):
         tokens = alone.tokenize(text)
         first, later, new = tokens[:48], tokens[48:144], tokens[:112]
         alone.eval(first)
-        want = np.concatenate([alone.eval(later[i : i + 12], all_logits=True).copy() for i in range(0, 96, 12)])
+        want = rows_alone(alone, later, 12)
         alone.reset()
-        want_new = np.concatenate([alone.eval(new[i : i + 8], all_logits=True).copy() for i in range(0, 112, 8)])
+        want_new = rows_alone(alone, new, 8)
     with Model(path, ModelOptions(n_ctx=128, n_seq=2)) as shared:  # 256 cells
         shared.decode_many([(0, tokens[100:148], True)])
         shared.decode_many([(1, first, True)])
         shared.rollback(0, seq=0)
-        got = np.concatenate([shared.decode_many([(1, later[i : i + 12], True)])[0] for i in range(0, 96, 12)])
+        got = rows_shared(shared, 1, later, 12)
         np.testing.assert_array_equal(got, want)
-        got_new = np.concatenate([shared.decode_many([(0, new[i : i + 8], True)])[0] for i in range(0, 112, 8)])
+        got_new = rows_shared(shared, 0, new, 8)
         np.testing.assert_array_equal(got_new, want_new)
 
 
