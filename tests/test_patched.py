@@ -192,6 +192,16 @@ def test_stock_kernels_are_not_batch_invariant(tmp_path, kernel_models):
     assert all(size not in report["bit_exact_sizes"] for size in (4, 8, 16)), report["summary"]
 
 
+def rows_alone(model: Model, tokens: list[int], size: int) -> np.ndarray:
+    """Every row's logits of `tokens` decoded on the model's single sequence, `size` at a time."""
+    return np.concatenate([model.eval(tokens[i : i + size], all_logits=True).copy() for i in range(0, len(tokens), size)])
+
+
+def rows_shared(model: Model, seq: int, tokens: list[int], size: int) -> np.ndarray:
+    """The same through decode_many on sequence `seq` of a shared cache."""
+    return np.concatenate([model.decode_many([(seq, tokens[i : i + size], True)])[0] for i in range(0, len(tokens), size)])
+
+
 def test_a_shared_round_decodes_every_row_as_the_sequence_alone(kernel_models, monkeypatch):
     """The server's shared batch: three sequences' 7 tokens each (21 rows) go through llama.cpp
     in decodes of at most 16 rows, so every row equals its sequence decoded alone. The control,
@@ -237,7 +247,7 @@ def test_a_shared_round_takes_prompts_in_pieces_where_the_server_chose_them(kern
     with Model(path, ModelOptions(n_ctx=128)) as alone:
         prompt, step = alone.tokenize(text)[:40], alone.tokenize("The dog ran")[:3]
         assert len(prompt) == 40
-        want_prompt = np.concatenate([alone.eval(prompt[i : i + 16], all_logits=True).copy() for i in (0, 16, 32)])
+        want_prompt = rows_alone(alone, prompt, BATCH_MAX)
         alone.reset()
         want_step = alone.eval(step, all_logits=True).copy()
     with Model(path, ModelOptions(n_ctx=128, n_seq=2)) as shared:
@@ -252,16 +262,6 @@ def test_a_shared_round_takes_prompts_in_pieces_where_the_server_chose_them(kern
         stock_prompt, stock_step = shared.decode_many([(0, prompt, True), (1, step, True)])
         assert not np.array_equal(stock_prompt, want_prompt)
         np.testing.assert_array_equal(stock_step, want_step)
-
-
-def rows_alone(model: Model, tokens: list[int], size: int) -> np.ndarray:
-    """Every row's logits of `tokens` decoded on the model's single sequence, `size` at a time."""
-    return np.concatenate([model.eval(tokens[i : i + size], all_logits=True).copy() for i in range(0, len(tokens), size)])
-
-
-def rows_shared(model: Model, seq: int, tokens: list[int], size: int) -> np.ndarray:
-    """The same through decode_many on sequence `seq` of a shared cache."""
-    return np.concatenate([model.decode_many([(seq, tokens[i : i + size], True)])[0] for i in range(0, len(tokens), size)])
 
 
 def test_a_sequence_decodes_as_alone_wherever_its_cells_lie_in_the_shared_cache(kernel_models):
