@@ -463,23 +463,29 @@ def test_simd_activation_quantization_is_the_reference_bit_for_bit():
     assert list(quantized[1:5]) == [-126, -126, -124, -124]  # -126.5 .. -123.5: ties to even
 
 
-def _f16_dots(ggml, weights: np.ndarray, activations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every weight row's dot product with every activation row (F16, as ggml stores them): from
-    one call of ggml_vec_dot_f16_multi, and from ggml_vec_dot_f16 (the single-row kernel) pair by pair."""
+def _f16_multi(ggml, weights: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """Every weight row's dot product with every activation row (F16, as ggml stores them), from
+    one call of ggml_vec_dot_f16_multi: [activation row, weight row]."""
     (rows, n), ncols = weights.shape, len(activations)
-    multi = np.zeros((ncols, rows), dtype=np.float32)
+    out = np.zeros((ncols, rows), dtype=np.float32)
     vy = (ctypes.c_void_p * ncols)(*(activations[c].ctypes.data for c in range(ncols)))
-    s = (ctypes.c_void_p * ncols)(*(multi[c].ctypes.data for c in range(ncols)))
+    s = (ctypes.c_void_p * ncols)(*(out[c].ctypes.data for c in range(ncols)))
     ggml.ggml_vec_dot_f16_multi.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     ggml.ggml_vec_dot_f16_multi(n, weights.ctypes.data, weights.strides[0], rows, vy, s, ncols)
-    single = np.zeros((ncols, rows), dtype=np.float32)
+    return out
+
+
+def _f16_single(ggml, weights: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """The same from ggml_vec_dot_f16 (the single-row kernel), pair by pair."""
+    (rows, n), ncols = weights.shape, len(activations)
+    out = np.zeros((ncols, rows), dtype=np.float32)
     ggml.ggml_vec_dot_f16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for c in range(ncols):
         for r in range(rows):
-            ggml.ggml_vec_dot_f16(n, single[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0, activations[c].ctypes.data, 0, 1)
-    return multi, single
+            ggml.ggml_vec_dot_f16(n, out[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0, activations[c].ctypes.data, 0, 1)
+    return out
 
 
 @pytest.mark.parametrize("n", [8960, 4099, 1536, 200])
@@ -494,11 +500,11 @@ def test_f16_multirow_kernel_is_the_single_row_kernel_bit_for_bit(n, multirow_se
     rng = np.random.default_rng(n)
     weights = rng.normal(0, 1, (37, n)).astype(np.float16)
     activations = rng.normal(0, 1, (BATCH_MAX, n)).astype(np.float16)
+    single = _f16_single(ggml, weights, activations)
     for ncols in range(1, BATCH_MAX + 1):
-        multi, single = _f16_dots(ggml, weights, activations[:ncols])
-        assert multi.tobytes() == single.tobytes(), ncols
+        assert _f16_multi(ggml, weights, activations[:ncols]).tobytes() == single[:ncols].tobytes(), ncols
     set_cpu_kernels(multirow_settings[0], multirow_settings[1], 1)
-    multi, single = _f16_dots(ggml, weights, activations[:6])
+    multi = _f16_multi(ggml, weights, activations[:6])
     assert multi[0].tobytes() == single[0].tobytes()
     assert all((multi[c] != single[c]).any() for c in range(1, 6))
 
