@@ -14,7 +14,8 @@ import numpy as np
 
 from .errors import LlamaSpecError
 
-_TOP_P_WINDOW = 256  # top-p first looks at this many best tokens before sorting more
+_SAMPLE_BLOCK = 1024  # tokens per block of a draw (Sampler.sample)
+_TOP_P_MARGIN = 8.0  # top-p first sorts the tokens within this many nats of the best one
 
 
 @dataclass(frozen=True)
@@ -59,30 +60,41 @@ def apply_repeat_penalty(logits: np.ndarray, history: Sequence[int], penalty: fl
     return out
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _as_logits(logits: np.ndarray) -> np.ndarray:
+    """The row in its own float precision: llama.cpp's float32 rows are used without a copy
+    (the full-vocabulary exponentials cost a quarter of float64's)."""
+    x = np.asarray(logits)
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
 
 
-def _top_p_keep(probs: np.ndarray, candidates: np.ndarray, top_p: float) -> np.ndarray:
-    """The smallest prefix of candidates (by probability) whose mass reaches top_p.
+def _exp_shifted(x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """exp((x - max) / temperature): the unnormalised softmax, largest entry exactly 1."""
+    shifted = np.subtract(x, x.max())
+    if temperature != 1.0:
+        shifted /= temperature
+    return np.exp(shifted, out=shifted)
 
-    Sorting the full vocabulary costs milliseconds, so look at a window of the best tokens
-    first and widen it only when the window's mass falls short.
+
+def _top_p_keep(x: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices into x of the smallest set of best tokens whose softmax mass reaches top_p.
+
+    Sorting the full vocabulary costs milliseconds, so sort only the tokens within a margin
+    of the best logit, widening the margin while their mass falls short. Everything outside
+    the margin ranks below everything inside it, so the set is the one a full sort gives.
+    (A partition instead of the margin takes milliseconds on a trimmed draft head, whose
+    dropped tokens all share one logit.)
     """
-    window = _TOP_P_WINDOW
+    weights = _exp_shifted(x)
+    target = top_p * weights.sum(dtype=np.float64)
+    top = x.max()
+    margin = _TOP_P_MARGIN
     while True:
-        if window < len(candidates):
-            part = candidates[np.argpartition(-probs[candidates], window)[:window]]
-        else:
-            part = candidates
-        ordered = part[np.argsort(-probs[part], kind="stable")]
-        cumulative = np.cumsum(probs[ordered])
-        total = probs[candidates].sum()
-        if cumulative[-1] >= top_p * total or len(part) == len(candidates):
-            n_keep = int(np.searchsorted(cumulative, top_p * total)) + 1
-            return ordered[: min(n_keep, len(ordered))]
-        window *= 4
+        part = np.flatnonzero(x >= top - margin)
+        ordered = part[np.argsort(-x[part], kind="stable")]
+        cumulative = np.cumsum(weights[ordered], dtype=np.float64)
+        if cumulative[-1] >= target or len(part) == len(x):
+            return ordered[: int(np.searchsorted(cumulative, target)) + 1]
+        margin *= 2
 
 
 class Sampler:
@@ -103,26 +115,36 @@ class Sampler:
         the drafted tokens in front of it): it feeds the repetition penalty.
         """
         params = self.params
-        x = apply_repeat_penalty(np.asarray(logits, dtype=np.float64), history,
-                                 params.repeat_penalty, params.repeat_last_n)
-        n_vocab = x.shape[0]
-        if 0 < params.top_k < n_vocab:
-            candidates = np.argpartition(-x, params.top_k - 1)[: params.top_k]
-        else:
-            candidates = np.arange(n_vocab)
-        if params.top_p < 1.0 or params.min_p > 0.0:
-            base = np.zeros(n_vocab)
-            base[candidates] = _softmax(x[candidates])
-            if params.top_p < 1.0:
-                candidates = _top_p_keep(base, candidates, params.top_p)
-            if params.min_p > 0.0:
-                candidates = candidates[base[candidates] >= params.min_p * base[candidates].max()]
-        out = np.zeros(n_vocab)
-        if params.greedy:
-            out[candidates[np.argmax(x[candidates])]] = 1.0
-        else:
-            out[candidates] = _softmax(x[candidates] / params.temperature)
+        x = apply_repeat_penalty(_as_logits(logits), history, params.repeat_penalty, params.repeat_last_n)
+        if params.greedy:  # the best token survives every truncation
+            out = np.zeros(x.shape[0])
+            out[int(np.argmax(x))] = 1.0
+            return out
+        keep = self._candidates(x)
+        weights = _exp_shifted(x if keep is None else x[keep], params.temperature).astype(np.float64)
+        weights /= weights.sum()
+        if keep is None:
+            return weights
+        out = np.zeros(x.shape[0])
+        out[keep] = weights
         return out
+
+    def _candidates(self, x: np.ndarray) -> np.ndarray | None:
+        """The tokens top-k, top-p and min-p leave, in no particular order; None: all of them
+        (whole-vocabulary work then runs on contiguous arrays, not through index lists)."""
+        params = self.params
+        keep: np.ndarray | None = None
+        kept = x
+        if 0 < params.top_k < x.shape[0]:
+            keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]
+            kept = x[keep]
+        if params.top_p < 1.0:
+            part = _top_p_keep(kept, params.top_p)
+            keep, kept = (part if keep is None else keep[part]), kept[part]
+        if params.min_p > 0.0:
+            part = np.flatnonzero(_exp_shifted(kept) >= params.min_p)
+            keep, kept = (part if keep is None else keep[part]), kept[part]
+        return keep
 
     def argmax(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The greedy choice; skips building a distribution unless a penalty changes logits."""
@@ -133,11 +155,29 @@ class Sampler:
                                                   params.repeat_penalty, params.repeat_last_n)))
 
     def sample(self, probs: np.ndarray) -> int:
-        """Draw one token id from a (possibly unnormalised) non-negative vector."""
-        support = np.flatnonzero(probs)
-        cdf = np.cumsum(probs[support])
-        index = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        return int(support[min(index, len(support) - 1)])
+        """Draw one token id from a (possibly unnormalised) non-negative vector.
+
+        The draw first picks a block of _SAMPLE_BLOCK tokens by the blocks' sums, then a token
+        in it: two short running sums instead of one over the whole vocabulary."""
+        if len(probs) <= _SAMPLE_BLOCK:
+            return self._sample_in(probs, self.rng.random() * probs.sum())
+        blocks = np.add.reduceat(probs, np.arange(0, len(probs), _SAMPLE_BLOCK))
+        cumulative = np.cumsum(blocks, dtype=np.float64)
+        draw = self.rng.random() * cumulative[-1]
+        block = self._sample_in(blocks, draw, cumulative)
+        start = block * _SAMPLE_BLOCK
+        before = cumulative[block - 1] if block else 0.0
+        return start + self._sample_in(probs[start:start + _SAMPLE_BLOCK], draw - before)
+
+    @staticmethod
+    def _sample_in(part: np.ndarray, draw: float, cumulative: np.ndarray | None = None) -> int:
+        """The entry of `part` where its running sum first exceeds `draw`: never a zero, which
+        adds nothing to the sum; the last nonzero one where a draw at the very top rounded
+        past the sum."""
+        if cumulative is None:
+            cumulative = np.cumsum(part, dtype=np.float64)
+        index = int(np.searchsorted(cumulative, draw, side="right"))
+        return index if index < len(part) else int(np.flatnonzero(part)[-1])
 
     def uniform(self) -> float:
         return float(self.rng.random())

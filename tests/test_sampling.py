@@ -83,3 +83,49 @@ def test_sample_matches_distribution():
 def test_bad_settings_are_rejected(bad):
     with pytest.raises(LlamaSpecError):
         SamplingParams(**bad)
+
+
+def _top_p_by_full_sort(logits, top_p):
+    """Reference: sort the whole vocabulary, keep the smallest prefix reaching top_p."""
+    order = np.argsort(-logits, kind="stable")
+    weights = np.exp(logits.astype(np.float64) - logits.max())[order]
+    n_keep = int(np.searchsorted(np.cumsum(weights), top_p * weights.sum())) + 1
+    return set(order[:n_keep].tolist())
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 3.0, 6.0, 30.0])
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_top_p_equals_a_full_sort(scale, top_p):
+    # flat rows need the margin widened several times, peaked ones keep a few tokens
+    rng = np.random.default_rng(int(scale * 100) + int(top_p * 1000))
+    logits = (rng.standard_normal(20_000) * scale).astype(np.float32)
+    logits[rng.integers(0, 20_000, 5_000)] = -np.inf  # a trimmed draft head's dropped tokens
+    p = Sampler(SamplingParams(temperature=1.0, top_p=top_p)).probs(logits)
+    assert set(np.flatnonzero(p).tolist()) == _top_p_by_full_sort(logits, top_p)
+    assert p.dtype == np.float64 and abs(p.sum() - 1.0) < 1e-9
+
+
+def test_large_vocabulary_draws_follow_the_distribution_and_skip_zeros():
+    # spans many sampling blocks, with whole blocks of zeros and a zero tail
+    rng = np.random.default_rng(3)
+    p = np.zeros(9_000)
+    support = rng.choice(7_000, 40, replace=False)
+    p[support] = rng.random(40)
+    p[100:1100] = 0.0
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=1))
+    draws = np.bincount([sampler.sample(p) for _ in range(40_000)], minlength=len(p)) / 40_000
+    assert draws[p == 0].sum() == 0
+    assert 0.5 * np.abs(draws - p / p.sum()).sum() < 0.02
+
+
+def test_a_draw_at_the_very_top_lands_on_the_last_nonzero_token():
+    class Top:
+        def random(self) -> float:
+            return 1.0  # past any real draw: the sums' rounding at the end must not escape
+
+    for n in (10, 5_000):
+        p = np.zeros(n)
+        p[[3, n // 2]] = 0.5
+        sampler = Sampler()
+        sampler.rng = Top()
+        assert sampler.sample(p) == n // 2
