@@ -2,13 +2,15 @@
 
 Per prompt the two modes alternate (plain first on even prompts, speculative first on odd
 ones) on the same loaded target, after a warm-up, so drift on a shared machine hits both.
-Each output is also compared token by token with plain decoding and with llama-cpp-python's
-own `Llama` greedy decoder. The target's batched throughput at the verify size used (a
+Each greedy output is also compared token by token with plain decoding and with
+llama-cpp-python's own `Llama` greedy decoder; sampled runs (temperature > 0) differ by nature
+and are only timed, both modes drawing with the same seed per prompt. The target's batched throughput at the verify size used (a
 perfect, free drafter) gives the physical limit, reported as speculative / oracle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from .models import sha256_cached
 from .policy import CostModel
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 from .reference import ReferenceGreedy
+from .sampling import SamplingParams
 from .stats import COUNT_FIELDS, add_counts, position_acceptance
 
 
@@ -38,6 +41,8 @@ class BenchConfig:
     reference: bool = True
     min_draft_prob: float = 0.0
     strict: bool = False
+    sampling: SamplingParams = SamplingParams()
+    verify: str = "rejection"  # the rule for sampled runs
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -66,7 +71,8 @@ def _summary(records: list[dict]) -> dict:
             "median_speculative_tps": report_median([r["speculative_tps"] for r in items]),
             "median_acceptance": report_median([r["acceptance_rate"] for r in items]),
             "median_speculative_over_oracle": report_median([r["speculative_over_oracle"] for r in items]),
-            "identical": sum(r["identical"] for r in items),
+            # sampled runs: None (outputs differ by nature)
+            "identical": None if items[0]["identical"] is None else sum(r["identical"] for r in items),
         }
 
     totals: dict[str, list[int]] = {name: [] for name in COUNT_FIELDS}
@@ -89,27 +95,33 @@ def run_bench(config: BenchConfig, prompts: list[dict],
               progress: Callable[[int, int, dict], None] | None = None) -> dict:
     """Run the suite; returns the JSON-ready report (meta, per-prompt records, summary)."""
     options = config.options
+    sampling, greedy = config.sampling, config.sampling.greedy
     with SpeculativeDecoder(config.target, config.draft, k=config.k, drafter=config.drafter,  # type: ignore[arg-type]
                             options=options, min_draft_prob=config.min_draft_prob,
-                            strict=config.strict) as decoder:
+                            strict=config.strict, verify=config.verify) as decoder:  # type: ignore[arg-type]
         if decoder.drafter is None:
             raise LlamaSpecError("bench needs a drafter: pass --draft, or --drafter ngram")
         verify_ms = eval_costs(decoder.target, list(range(1, K_MAX + 2)))
         costs = CostModel(verify_ms, 0.0)
-        reference = ReferenceGreedy(config.target, options, decoder.target.is_eog) if config.reference else None
+        use_reference = config.reference and greedy
+        reference = ReferenceGreedy(config.target, options, decoder.target.is_eog) if use_reference else None
         try:
             def encode(text: str) -> list[int]:
                 return decoder.prompt_tokens(text, chat=decoder.chat_format.has_template)
 
             for speculative in (False, True):  # warm-up: allocations, caches, first calibrations
-                list(decoder.generate(encode(prompts[0]["prompt"]), max_tokens=8, speculative=speculative))
+                list(decoder.generate(encode(prompts[0]["prompt"]), max_tokens=8, sampling=sampling,
+                                      speculative=speculative))
             records = []
             for index, item in enumerate(prompts):
                 tokens = encode(item["prompt"])
+                # both modes draw with one seed per prompt: a reproducible suite
+                seeded = sampling if greedy else dataclasses.replace(sampling, seed=(sampling.seed or 0) + index)
                 runs: dict[bool, tuple[list[int], dict]] = {}
                 for speculative in ((False, True) if index % 2 == 0 else (True, False)):
                     decoder.reset()  # every run evaluates the whole prompt, like the reference
-                    out = list(decoder.generate(tokens, max_tokens=config.max_tokens, speculative=speculative))
+                    out = list(decoder.generate(tokens, max_tokens=config.max_tokens, sampling=seeded,
+                                                speculative=speculative))
                     runs[speculative] = (out, decoder.stats.to_dict())
                 (plain, plain_stats), (spec, spec_stats) = runs[False], runs[True]
                 batch = max(1, round(1 + spec_stats["n_drafted"] / max(spec_stats["n_steps"], 1)))
@@ -128,8 +140,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
                     "mean_verify_batch": batch,
                     "oracle_tps": round(oracle_tps, 3),
                     "speculative_over_oracle": round(spec_stats["tokens_per_second"] / oracle_tps, 3),
-                    "identical": plain == spec,
-                    "first_divergence": first_divergence(plain, spec),
+                    "identical": plain == spec if greedy else None,
+                    "first_divergence": first_divergence(plain, spec) if greedy else None,
                     "reference_identical": None if reference_out is None else reference_out == plain,
                     "reference_first_divergence": None if reference_out is None else first_divergence(reference_out, spec),
                     "plain": plain_stats,
@@ -161,6 +173,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             "min_draft_prob": config.min_draft_prob,
             "strict": config.strict,
             "strict_note": strict_note,
+            "sampling": dataclasses.asdict(sampling),
+            "verify": "greedy" if greedy else config.verify,
             "build": system_info(),
             "build_id": build_id(),
             # batch_invariant, multirow, control as the process is set; null: stock build
@@ -184,7 +198,7 @@ def print_table(report: dict) -> None:
     for column in ("prompt", "category", "plain", "spec", "speedup", "accept", "acc/step", "spec/oracle", "identical"):
         table.add_column(column, justify="right" if column not in ("prompt", "category") else "left")
     for r in report["prompts"]:
-        same = "yes" if r["identical"] else f"no @{r['first_divergence']}"
+        same = "sampled" if r["identical"] is None else "yes" if r["identical"] else f"no @{r['first_divergence']}"
         table.add_row(r["id"], r["category"], f"{r['plain_tps']:.2f}", f"{r['speculative_tps']:.2f}",
                       f"{r['speedup']:.2f}x", f"{r['acceptance_rate']:.2f}", f"{r['mean_accepted_per_step']:.2f}",
                       f"{r['speculative_over_oracle']:.2f}", same)
@@ -193,7 +207,7 @@ def print_table(report: dict) -> None:
         table.add_row(f"[bold]median {name}[/bold]", "", f"{block['median_plain_tps']:.2f}",
                       f"{block['median_speculative_tps']:.2f}", f"[bold]{block['median_speedup']:.2f}x[/bold]",
                       f"{block['median_acceptance']:.2f}", "", f"{block['median_speculative_over_oracle']:.2f}",
-                      f"{block['identical']}/{block['n_prompts']}")
+                      "-" if block["identical"] is None else f"{block['identical']}/{block['n_prompts']}")
     import sys
 
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # a log file keeps every column

@@ -106,10 +106,18 @@ def bench(
     min_draft_prob: float = typer.Option(0.0, "--min-draft-prob", help="Fixed --k only: stop drafting below this draft probability."),
     reference: bool = typer.Option(True, "--reference/--no-reference",
                                    help="Also compare with llama-cpp-python's Llama greedy output."),
+    temperature: float = TemperatureOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    repeat_penalty: float = RepeatPenaltyOpt,
+    seed: Optional[int] = SeedOpt,
+    verify: Verify = VerifyOpt,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full report here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: speedup per prompt, accept histogram."),
 ) -> None:
-    """Plain vs speculative, alternating in one process over a prompt suite."""
+    """Plain vs speculative, alternating in one process over a prompt suite (sampled with
+    --temperature > 0: timed only, one seed per prompt for both modes)."""
     from .bench import BenchConfig, load_prompts, plot, print_table, run_bench
 
     k_value = parse_k(k)
@@ -119,11 +127,13 @@ def bench(
     options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc, huge_pages=huge_pages)
     target_path, draft_path = resolve_pair(target, draft, drafter)
     config = BenchConfig(target_path, draft_path, drafter.value, k_value, max_tokens, options, reference,
-                         min_draft_prob, strict)
+                         min_draft_prob, strict,
+                         sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed), verify.value)
 
     def progress(done: int, total: int, record: dict) -> None:
+        same = "sampled" if record["identical"] is None else f"identical {record['identical']}"
         typer.echo(f"[{done}/{total}] {record['id']}: {record['speedup']:.2f}x, acceptance "
-                   f"{record['acceptance_rate']:.2f}, identical {record['identical']}", err=True)
+                   f"{record['acceptance_rate']:.2f}, {same}", err=True)
 
     report = run_bench(config, selected, progress)
     print_table(report)

@@ -90,3 +90,21 @@ def test_first_divergence():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_sampled_bench_times_both_modes_with_one_seed_per_prompt(stories, truncated_draft, tmp_path):
+    report_path = tmp_path / "bench.json"
+    result = run_cli("bench", "--target", stories, "--draft", truncated_draft, "--limit", "2", "--max-tokens", "16",
+                     "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--verify", "match",
+                     "--json", report_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    meta = report["meta"]
+    assert meta["sampling"]["temperature"] == 0.8 and meta["sampling"]["seed"] == 7 and meta["verify"] == "match"
+    for record in report["prompts"]:
+        # no token-by-token claims about sampled output, and no greedy reference
+        assert record["identical"] is None and record["reference_identical"] is None
+        assert record["plain"]["verify"] == "sample" and record["speculative"]["verify"] == "match"
+        assert record["speedup"] > 0 and record["speculative"]["n_generated"] > 0
+    assert report["summary"]["overall"]["identical"] is None and report["summary"]["divergences"] == []
+    assert "sampled" in result.stdout
