@@ -4,8 +4,9 @@ Per prompt the two modes alternate (plain first on even prompts, speculative fir
 ones) on the same loaded target, after a warm-up, so drift on a shared machine hits both.
 Each greedy output is also compared token by token with plain decoding and with
 llama-cpp-python's own `Llama` greedy decoder; sampled runs (temperature > 0) differ by nature
-and are only timed, both modes drawing with the same seed per prompt. The target's batched throughput at the verify size used (a
-perfect, free drafter) gives the physical limit, reported as speculative / oracle.
+and are only timed, both modes drawing with the same seed per prompt. The target's batched
+throughput at the verify size used (a perfect, free drafter) gives the physical limit,
+reported as speculative / oracle.
 """
 
 from __future__ import annotations
