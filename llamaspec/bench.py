@@ -29,6 +29,7 @@ from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 from .reference import ReferenceGreedy
 from .sampling import SamplingParams
 from .stats import COUNT_FIELDS, add_counts, position_acceptance
+from .verify import VerifyMode
 
 
 @dataclass
@@ -43,7 +44,7 @@ class BenchConfig:
     min_draft_prob: float = 0.0
     strict: bool = False
     sampling: SamplingParams = SamplingParams()
-    verify: str = "rejection"  # the rule for sampled runs
+    verify: VerifyMode = "rejection"  # the rule for sampled runs
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -99,7 +100,7 @@ def run_bench(config: BenchConfig, prompts: list[dict],
     sampling, greedy = config.sampling, config.sampling.greedy
     with SpeculativeDecoder(config.target, config.draft, k=config.k, drafter=config.drafter,  # type: ignore[arg-type]
                             options=options, min_draft_prob=config.min_draft_prob,
-                            strict=config.strict, verify=config.verify) as decoder:  # type: ignore[arg-type]
+                            strict=config.strict, verify=config.verify) as decoder:
         if decoder.drafter is None:
             raise LlamaSpecError("bench needs a drafter: pass --draft, or --drafter ngram")
         verify_ms = eval_costs(decoder.target, list(range(1, K_MAX + 2)))
