@@ -169,7 +169,8 @@ class Sampler:
         The draw first picks a block of _SAMPLE_BLOCK tokens by the blocks' sums, then a token
         in it: two short running sums instead of one over the whole vocabulary."""
         if len(probs) <= _SAMPLE_BLOCK:
-            return self._sample_in(probs, self.rng.random() * probs.sum())
+            cumulative = np.cumsum(probs, dtype=np.float64)
+            return self._sample_in(probs, self.rng.random() * cumulative[-1], cumulative)
         blocks = np.add.reduceat(probs, np.arange(0, len(probs), _SAMPLE_BLOCK))
         cumulative = np.cumsum(blocks, dtype=np.float64)
         draw = self.rng.random() * cumulative[-1]
