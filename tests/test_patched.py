@@ -509,6 +509,105 @@ def test_f16_multirow_kernel_is_the_single_row_kernel_bit_for_bit(n, multirow_se
     assert all((multi[c] != single[c]).any() for c in range(1, 6))
 
 
+_Q8_K_BLOCK = 292  # bytes: float d, 256 int8 quants, 16 int16 bsums
+# block bytes; where the quants (and high bits) lie; the scales; the fp16 scales of the block
+_K_QUANTS = {"q5_K": (176, slice(16, 176), slice(4, 16), slice(0, 4)),     # d, dmin, 12 scale bytes, qh, qs
+             "q6_K": (210, slice(0, 192), slice(192, 208), slice(208, 210))}  # ql, qh, 16 int8 scales, d
+
+
+def _k_quant_rows(rng: np.random.Generator, kind: str, rows: int, n: int, extreme: bool) -> np.ndarray:
+    """Random Q5_K / Q6_K weight rows (uint8, a row per line); extreme: every quant and scale
+    byte at its largest (Q6_K scales -128 / 127), the largest products the kernels' 16-bit sums
+    take."""
+    size, quants, scales, halves = _K_QUANTS[kind]
+    blocks = np.empty((rows * n // 256, size), dtype=np.uint8)
+    blocks[:, quants] = 255 if extreme else rng.integers(0, 256, (len(blocks), quants.stop - quants.start))
+    if kind == "q6_K" and extreme:
+        blocks[:, scales] = np.tile(np.array([-128, 127], dtype=np.int8).view(np.uint8), 8)
+    else:
+        blocks[:, scales] = 255 if extreme else rng.integers(0, 256, (len(blocks), scales.stop - scales.start))
+    count = (halves.stop - halves.start) // 2
+    blocks[:, halves] = rng.uniform(1e-3, 1e-2, (len(blocks), count)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _q8_K_extreme(n: int, value: int) -> np.ndarray:
+    """A Q8_K row of one quant value throughout (d 1.0, bsums to match)."""
+    block = np.zeros(_Q8_K_BLOCK, dtype=np.uint8)
+    block[:4] = np.frombuffer(np.float32(1.0).tobytes(), dtype=np.uint8)
+    block[4:260] = np.int8(value).view(np.uint8)
+    block[260:] = np.full(16, 16 * value, dtype=np.int16).view(np.uint8)
+    return np.tile(block, n // 256)
+
+
+def _k_quant_multi(ggml, kind: str, weights: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_{kind}_q8_K_multi, one call per weight row: [activation row, weight row]."""
+    (rows, size), ncols = weights.shape, len(activations)
+    out = np.zeros((ncols, rows), dtype=np.float32)
+    fn = getattr(ggml, f"ggml_vec_dot_{kind}_q8_K_multi")
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int]
+    vy = (ctypes.c_void_p * ncols)(*(activations[c].ctypes.data for c in range(ncols)))
+    for r in range(rows):
+        s = (ctypes.c_void_p * ncols)(*(out[c, r:].ctypes.data for c in range(ncols)))
+        fn(size // _K_QUANTS[kind][0] * 256, weights[r].ctypes.data, size, 1, vy, s, ncols)
+    return out
+
+
+def _k_quant_single(ggml, kind: str, weights: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """The same from ggml_vec_dot_{kind}_q8_K (the single-row kernel), pair by pair."""
+    (rows, size), ncols = weights.shape, len(activations)
+    out = np.zeros((ncols, rows), dtype=np.float32)
+    fn = getattr(ggml, f"ggml_vec_dot_{kind}_q8_K")
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                   ctypes.c_size_t, ctypes.c_int]
+    for c in range(ncols):
+        for r in range(rows):
+            fn(size // _K_QUANTS[kind][0] * 256, out[c, r:].ctypes.data, 0, weights[r].ctypes.data, 0,
+               activations[c].ctypes.data, 0, 1)
+    return out
+
+
+@pytest.mark.parametrize("n", [8960, 1536, 256])
+@pytest.mark.parametrize("kind", ["q5_K", "q6_K"])
+def test_k_quant_multirow_kernels_are_the_single_row_kernels_bit_for_bit(kind, n, multirow_settings):
+    """The Q5_K and Q6_K multi-row kernels against the single-row ones, every pair, for 1..16
+    activation rows: random blocks, and blocks of the largest quants and scales against rows of
+    -128 and of 127 (a 16-bit sum that overflowed would differ). Without VNNI the Q6_K kernel
+    takes its activations in word pairs (cpp_patches/0018, ggml_q8_K_multirow_word_pairs, as
+    mul_mat prepares them): there the random activations as they are must give other results.
+    With the test control on, rows 1.. must differ."""
+    from llamaspec.llama import backend, set_cpu_kernels
+
+    ggml = backend.ggml()
+    if not hasattr(ggml, f"ggml_vec_dot_{kind}_q8_K_multi"):
+        pytest.skip("the quantized multi-row kernels are for AVX2 CPUs")
+    rng = np.random.default_rng(n)
+    plain = np.stack([np.frombuffer(_quantize_q8_K(ggml.quantize_row_q8_K, rng.normal(0, 1, n).astype(np.float32)),
+                                    dtype=np.uint8) for _ in range(BATCH_MAX - 2)]
+                     + [_q8_K_extreme(n, -128), _q8_K_extreme(n, 127)])
+    prepared = plain.copy()
+    pairs = kind == "q6_K" and hasattr(ggml, "ggml_q8_K_multirow_word_pairs")
+    if pairs:
+        ggml.ggml_q8_K_multirow_word_pairs.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        for row in prepared:
+            ggml.ggml_q8_K_multirow_word_pairs(row.ctypes.data, n)
+    for extreme in (True, False):  # the random weights last, for the checks after
+        weights = _k_quant_rows(rng, kind, 9, n, extreme)
+        single = _k_quant_single(ggml, kind, weights, plain)
+        for ncols in range(1, BATCH_MAX + 1):
+            rows = slice(BATCH_MAX - ncols, None)  # the extreme rows in every batch
+            multi = _k_quant_multi(ggml, kind, weights, prepared[rows])
+            assert multi.tobytes() == single[rows].tobytes(), (extreme, ncols)
+    if pairs:
+        random = slice(0, BATCH_MAX - 2)  # a row of one value throughout is its own word pairs
+        assert (_k_quant_multi(ggml, kind, weights, plain[random]) != single[random]).any(axis=1).all()
+    set_cpu_kernels(multirow_settings[0], multirow_settings[1], 1)
+    multi = _k_quant_multi(ggml, kind, weights, prepared[:6])
+    assert multi[0].tobytes() == single[0].tobytes()
+    assert all((multi[c] != single[c]).any() for c in range(1, 6))
+
+
 _HUGE_PAGE_PROBE = """
 import sys
 from pathlib import Path
