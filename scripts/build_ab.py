@@ -143,6 +143,8 @@ def main() -> int:
         print("error: --rounds and --threads must be >= 1", file=sys.stderr)
         return 2
     builds: list[Build] = []
+    # a terminated run still ends its builds (the finally below): a stopped child would linger
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         path = resolve_model(args.target or DEFAULT_TARGET)
         if not path.is_file():
@@ -153,6 +155,9 @@ def main() -> int:
     except LlamaSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     finally:
         for build in builds:
             build.close()
