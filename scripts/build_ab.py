@@ -27,6 +27,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,9 +69,10 @@ class Build:
         if not any(lib.glob("libllama*")):
             raise LlamaSpecError(f"build {label}: no libllama library in {lib}")
         self.label = label
+        self.errors = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would block the child
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--child", str(target), "--threads", str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
             env=os.environ | {"LLAMA_CPP_LIB_PATH": str(lib)})
         self.info = json.loads(self._line())
         self.process.send_signal(signal.SIGSTOP)
@@ -80,8 +82,8 @@ class Build:
         line = self.process.stdout.readline()
         if not line:
             self.process.wait()
-            assert self.process.stderr is not None
-            errors = [e for e in self.process.stderr.read().strip().splitlines() if e.strip()]
+            self.errors.seek(0)
+            errors = [e for e in self.errors.read().strip().splitlines() if e.strip()]
             raise LlamaSpecError(f"build {self.label} stopped: {errors[-1] if errors else 'no message'}")
         return line
 
@@ -98,6 +100,7 @@ class Build:
         self.process.send_signal(signal.SIGCONT)
         self.process.kill()
         self.process.wait()
+        self.errors.close()
 
 
 def alternate(builds: list[Build], rounds: int) -> dict[int, list[tuple[float, float]]]:
