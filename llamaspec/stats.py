@@ -8,6 +8,7 @@ those marks, so a new field is declared once.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
@@ -131,3 +132,12 @@ def position_acceptance(accepted: Sequence[int], reached: Sequence[int]) -> list
     """P(draft position i accepted | reached) for each position ever reached (a position is
     reached at least as often as it is accepted, so `accepted` may be shorter)."""
     return [round((accepted[i] if i < len(accepted) else 0) / r, 4) for i, r in enumerate(reached) if r]
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) of paired ratios, the benchmarks' summary of a comparison that drift
+    would blur in medians taken apart; a single value stands for all three."""
+    if len(values) > 1:
+        q1, median, q3 = statistics.quantiles(values, n=4)
+        return q1, median, q3
+    return values[0], values[0], values[0]

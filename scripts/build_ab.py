@@ -33,10 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamaspec.calibrate import N_CONTEXT, filler_tokens  # noqa: E402
+from llamaspec.calibrate import N_CONTEXT, at_filler_depth  # noqa: E402
 from llamaspec.cli_common import resolve_model  # noqa: E402
 from llamaspec.errors import LlamaSpecError  # noqa: E402
 from llamaspec.models import DEFAULT_TARGET, sha256_cached  # noqa: E402
+from llamaspec.stats import quartiles  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
@@ -46,11 +47,9 @@ def child(target: Path, threads: int) -> None:
     milliseconds of its second evaluation."""
     from llamaspec.llama import Model, ModelOptions, Multirow, build_id, set_cpu_kernels, system_info
 
-    with Model(target, ModelOptions(n_threads=threads, n_ctx=512, huge_pages=True)) as model:
+    with (Model(target, ModelOptions(n_threads=threads, n_ctx=512, huge_pages=True)) as model,
+          at_filler_depth([model]) as (base,)):
         set_cpu_kernels(16, Multirow.ALL)  # False on a stock build: it runs its own kernels
-        base = filler_tokens(model)
-        model.reset()
-        model.eval(base)
         print(json.dumps({"build_id": build_id(), "system_info": system_info()}), flush=True)
         for line in sys.stdin:
             n = int(line)
@@ -119,7 +118,7 @@ def summarize(pairs: dict[int, list[tuple[float, float]]]) -> dict[int, dict[str
     out = {}
     for n, ab in pairs.items():
         ratios = [b / a for a, b in ab]
-        q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        q1, median, q3 = quartiles(ratios)
         out[n] = {"a_ms": round(statistics.median(a for a, _ in ab), 2),
                   "b_ms": round(statistics.median(b for _, b in ab), 2),
                   "b_over_a": round(median, 3), "q1": round(q1, 3), "q3": round(q3, 3)}

@@ -46,6 +46,7 @@ from llamaspec.errors import LlamaSpecError  # noqa: E402
 from llamaspec.llama import Model, ModelOptions, Multirow, set_cpu_kernels, system_info  # noqa: E402
 from llamaspec.llama.profile import by_operation  # noqa: E402
 from llamaspec.models import DEFAULT_TARGET, sha256_cached  # noqa: E402
+from llamaspec.stats import quartiles  # noqa: E402
 
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16]
 MODES = {"stock": (0, Multirow.OFF), "per-row": (16, Multirow.OFF), "multirow": (16, Multirow.ALL)}
@@ -102,7 +103,7 @@ def batch1_against_stock(times: dict[str, dict[int, dict[str, list[float]]]]) ->
     for mode in times:
         if mode != "stock":
             ratios = [ms / base for ms, base in zip(times[mode][1]["eval"], stock)]
-            q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            q1, median, q3 = quartiles(ratios)
             out[mode] = {"q1": round(q1, 3), "median": round(median, 3), "q3": round(q3, 3)}
     return out
 

@@ -2,7 +2,7 @@
 
 from dataclasses import fields
 
-from llamaspec.stats import COUNT_FIELDS, GenerationStats
+from llamaspec.stats import COUNT_FIELDS, GenerationStats, quartiles
 
 
 def two_generations() -> tuple[GenerationStats, GenerationStats]:
@@ -47,3 +47,8 @@ def test_merging_does_not_alias_the_other_generations_lists():
     total.merge(b)
     total.merge(a)
     assert b.accept_histogram == [0, 1, 0, 1] and total.accept_histogram is not b.accept_histogram
+
+
+def test_quartiles_of_paired_ratios():
+    assert quartiles([0.97]) == (0.97, 0.97, 0.97)  # one round: the ratio stands for all three
+    assert quartiles([1.0, 1.2, 0.9, 1.1, 1.05]) == (0.95, 1.05, 1.15)
