@@ -19,7 +19,7 @@ def load_prompts(path: Path | None = None, categories: list[str] | None = None,
         if not path.is_file():
             raise LlamaSpecError(f"prompts file not found: {path}")
         text, where = path.read_text(encoding="utf-8"), str(path)
-    prompts = []
+    prompts, seen = [], set()
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -29,8 +29,10 @@ def load_prompts(path: Path | None = None, categories: list[str] | None = None,
             raise LlamaSpecError(f"{where}, line {number}: not JSON ({exc.msg})") from None
         if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("id", "category", "prompt")):
             raise LlamaSpecError(f"{where}, line {number}: needs string fields id, category and prompt")
+        seen.add(item["category"])
         if not categories or item["category"] in categories:
             prompts.append(item)
     if not prompts:
-        raise LlamaSpecError(f"no prompts selected from {where}")
+        has = f"; its categories: {', '.join(sorted(seen))}" if seen else ""
+        raise LlamaSpecError(f"no prompts selected from {where}{has}")
     return prompts[:limit] if limit else prompts

@@ -82,7 +82,7 @@ def test_shipped_suite_has_five_categories_and_thirty_prompts():
     assert len(prompts) >= 30
     assert {p["category"] for p in prompts} == {"code", "edit", "explain", "chat", "math"}
     assert len({p["id"] for p in prompts}) == len(prompts)
-    with pytest.raises(LlamaSpecError):
+    with pytest.raises(LlamaSpecError, match="its categories: chat, code, edit, explain, math"):
         load_prompts(categories=["nope"])
 
 
