@@ -1,7 +1,6 @@
 """scripts/build_ab.py on the tiny model: two builds' evaluations alternating, paired by round."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +9,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_ab.py"
 
 
 def this_build() -> Path:
-    """The llama.cpp libraries this environment runs (LLAMA_CPP_LIB_PATH, else llama_cpp's own)."""
-    if os.environ.get("LLAMA_CPP_LIB_PATH"):
-        return Path(os.environ["LLAMA_CPP_LIB_PATH"])
-    import llama_cpp
+    """The directory of the llama.cpp libraries this environment loaded (llama-cpp-python's own
+    choice, LLAMA_CPP_LIB_PATH included), not a second guess at it."""
+    from llama_cpp import llama_cpp
 
-    return Path(llama_cpp.__file__).parent / "lib"
+    return Path(llama_cpp._lib._name).parent
 
 
 def run(*args: object) -> subprocess.CompletedProcess[str]:
