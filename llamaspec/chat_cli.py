@@ -20,8 +20,7 @@ from .chat_session import ChatSession, Turn
 from .cli_common import (
     CtxOpt, Drafter, DrafterOpt, DraftOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepeatPenaltyOpt, SeedOpt,
     StrictOpt, TargetOpt, TargetRpcOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, Verify, VerifyOpt, friendly,
-    huge_pages_opt, model_options, parse_k,
-    resolve_pair, sampling_params,
+    huge_pages_opt, model_options, parse_k, resolve_pair, run_app, sampling_params,
 )
 from .errors import LlamaSpecError
 from .sampling import SamplingParams
@@ -295,7 +294,7 @@ def main() -> None:
     """`python -m llamaspec.chat_cli`: the chat command on its own."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     app.command()(friendly(chat_command))
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from .chat_cli import chat_command
 from .cli_common import (
     CtxOpt, TargetRpcOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
     RepeatPenaltyOpt, SeedOpt, StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, VerifyOpt,
-    _progress_fetch, fail, friendly, huge_pages_opt, model_options, parse_k, resolve_model, resolve_pair, sampling_params,
+    _progress_fetch, fail, friendly, huge_pages_opt, model_options, parse_k, resolve_model, resolve_pair, run_app,
+    sampling_params,
 )
 from .errors import LlamaSpecError
 
@@ -218,9 +219,12 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) with speculation."""
     from .decoder import SpeculativeDecoder
+    from .llama.options import MAX_SEQUENCES
     from .server import serve as run_server
 
     k_value = parse_k(k)
+    if not 1 <= parallel <= MAX_SEQUENCES:
+        raise LlamaSpecError(f"--parallel must be between 1 and {MAX_SEQUENCES}, got {parallel}")
     if not 0 <= port <= 65535:
         raise LlamaSpecError(f"--port must be between 0 and 65535, got {port}")
     if max_body < 1:
@@ -293,7 +297,7 @@ app.command("chat")(friendly(chat_command))
 
 
 def main() -> None:
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

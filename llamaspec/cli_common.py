@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import typer
 
@@ -18,6 +19,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 def fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
+
+
+def run_app(app: typer.Typer) -> NoReturn:
+    """Run a command line and exit. Click's own usage errors (an unknown flag, a value of
+    the wrong kind) end as one `error:` line too, not as its four-line usage block; no
+    arguments at all still print the help."""
+    try:
+        code = app(standalone_mode=False)  # a typer.Exit's code, or the command's None
+    except typer.TyperException as exc:  # the base of typer's (vendored) Click exceptions
+        if type(exc).__name__ == "NoArgsIsHelpError":  # its message is the help text
+            exc.show()
+        else:
+            context = getattr(exc, "ctx", None)
+            hint = f" (see: {context.command_path} --help)" if context is not None else ""
+            typer.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+        code = exc.exit_code
+    except typer.Abort:
+        typer.echo("error: interrupted", err=True)
+        code = 130
+    sys.exit(code or 0)
 
 
 def friendly(command: F) -> F:

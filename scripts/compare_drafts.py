@@ -66,7 +66,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if len(set(args.draft)) < 2:
-        parser.error("name at least two different drafts")
+        print("error: name at least two different drafts", file=sys.stderr)
+        return 2
     try:
         rows = paired_runs(args)
     except LlamaSpecError as exc:

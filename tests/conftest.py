@@ -48,3 +48,11 @@ def truncated_draft(stories: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llamaspec.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], expected: str, code: int | None = None) -> None:
+    """A user's mistake ends as exactly one `error: ...` line on stderr that names it, and a
+    non-zero exit (`code` where given): no traceback, no usage block, no log lines."""
+    assert result.returncode == code if code is not None else result.returncode != 0, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import assert_one_error_line
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_ab.py"
 
 
@@ -37,14 +39,11 @@ def test_one_build_against_itself_pairs_every_size(stories, tmp_path):
 
 def test_a_directory_without_a_build_is_one_error_line(stories, tmp_path):
     done = run("--lib-a", tmp_path, "--lib-b", this_build(), "--target", stories)
-    assert done.returncode == 1
-    assert done.stderr.startswith("error: build A: no libllama library") and len(done.stderr.strip().splitlines()) == 1
+    assert_one_error_line(done, "build A: no libllama library", code=1)
 
 
 def test_a_corrupt_model_is_one_error_line(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"junk" * 64)
     done = run("--lib-a", this_build(), "--lib-b", this_build(), "--target", bad)
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("error: build A stopped: ") and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert_one_error_line(done, "build A stopped: ", code=1)

@@ -5,15 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli
+from conftest import assert_one_error_line, run_cli
 
 PROMPT = "Once upon a time"
-
-
-def assert_clean_failure(result, expected: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
-    assert expected in result.stderr, result.stderr
 
 
 def test_generate_json_speculative(stories, truncated_draft):
@@ -39,33 +33,33 @@ def test_generate_streams_text(stories):
 
 
 def test_missing_file():
-    assert_clean_failure(run_cli("generate", PROMPT, "--target", "/nonexistent/model.gguf"), "not found")
+    assert_one_error_line(run_cli("generate", PROMPT, "--target", "/nonexistent/model.gguf"), "not found")
 
 
 def test_not_a_gguf(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_text("hello")
-    assert_clean_failure(run_cli("generate", PROMPT, "--target", bad), "not a GGUF file")
+    assert_one_error_line(run_cli("generate", PROMPT, "--target", bad), "not a GGUF file")
 
 
 def test_truncated_gguf(stories, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(stories.read_bytes()[:600_000])
-    assert_clean_failure(run_cli("generate", PROMPT, "--target", cut), "could not load")
+    assert_one_error_line(run_cli("generate", PROMPT, "--target", cut), "could not load")
 
 
 def test_vocab_mismatch(stories, tiny_random):
-    assert_clean_failure(run_cli("generate", PROMPT, "--target", stories, "--draft", tiny_random),
+    assert_one_error_line(run_cli("generate", PROMPT, "--target", stories, "--draft", tiny_random),
                          "vocabulary sizes differ")
 
 
 @pytest.mark.parametrize("k", ["0", "-2"])
 def test_bad_k(stories, k):
-    assert_clean_failure(run_cli("generate", PROMPT, "--target", stories, "--draft", stories, "--k", k), "--k")
+    assert_one_error_line(run_cli("generate", PROMPT, "--target", stories, "--draft", stories, "--k", k), "--k")
 
 
 def test_prompt_longer_than_context(stories):
-    assert_clean_failure(run_cli("generate", "Once upon a time " * 200, "--target", stories, "--ctx", "256"),
+    assert_one_error_line(run_cli("generate", "Once upon a time " * 200, "--target", stories, "--ctx", "256"),
                          "context")
 
 
@@ -73,19 +67,28 @@ def test_prompt_longer_than_context(stories):
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "1.5"], "top-p"),
     (["--top-k", "-3"], "top-k"),
-    (["--flash-attn", "maybe"], "Invalid value"),
-    (["--verify", "sometimes"], "Invalid value"),
+    (["--flash-attn", "maybe"], "Invalid value for '--flash-attn'"),
+    (["--verify", "sometimes"], "Invalid value for '--verify'"),
+    (["--threads", "two"], "Invalid value for '--threads'"),
+    (["--no-such-flag"], "No such option: --no-such-flag"),
     (["--threads", "0"], "threads"),
 ])
 def test_bad_flag_values(stories, flags, expected):
-    assert_clean_failure(run_cli("generate", PROMPT, "--target", stories, *flags), expected)
+    assert_one_error_line(run_cli("generate", PROMPT, "--target", stories, *flags), expected)
+
+
+def test_no_command_prints_the_help_and_help_exits_0():
+    bare = run_cli()
+    assert bare.returncode == 2 and "Commands:" in bare.stderr and "generate" in bare.stderr
+    helped = run_cli("generate", "--help")
+    assert helped.returncode == 0 and "--max-tokens" in helped.stdout and not helped.stderr
 
 
 def test_models_list_and_unknown_name():
     result = run_cli("models", "list")
     assert result.returncode == 0 and "qwen2.5-coder-1.5b" in result.stdout
-    assert_clean_failure(run_cli("models", "path", "no-such-model"), "unknown model")
-    assert_clean_failure(run_cli("models", "fetch", "no-such-model"), "unknown model")
+    assert_one_error_line(run_cli("models", "path", "no-such-model"), "unknown model")
+    assert_one_error_line(run_cli("models", "fetch", "no-such-model"), "unknown model")
 
 
 def test_huge_pages_only_for_the_long_runs():
@@ -101,4 +104,4 @@ def test_huge_pages_only_for_the_long_runs():
                 for name in ("generate", "chat", "audit", "bench", "serve")}
     assert defaults == {"generate": False, "chat": False, "audit": False, "bench": True, "serve": True}
     result = run_cli("generate", PROMPT, "--target", "missing.gguf", "--huge-pages")
-    assert_clean_failure(result, "model file not found")
+    assert_one_error_line(result, "model file not found")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import assert_one_error_line
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_drafts.py"
 
 
@@ -31,12 +33,9 @@ def test_two_drafts_paired_on_every_prompt(stories, truncated_draft, tmp_path):
 
 def test_one_draft_named_twice_is_refused(stories):
     done = run("--target", stories, "--draft", stories, "--draft", stories)
-    assert done.returncode != 0
-    assert "at least two different drafts" in done.stderr
+    assert_one_error_line(done, "at least two different drafts")
 
 
 def test_a_missing_draft_is_one_error_line(stories, tmp_path):
     done = run("--target", stories, "--draft", stories, "--draft", tmp_path / "missing.gguf")
-    assert done.returncode == 1
-    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "Traceback" not in done.stderr
+    assert_one_error_line(done, "missing.gguf", code=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import STORY_PROMPTS, run_cli
+from conftest import STORY_PROMPTS, assert_one_error_line, run_cli
 
 from llamaspec import derive, trim
 from llamaspec.errors import LlamaSpecError
@@ -93,9 +93,7 @@ def test_trimmed_draft_is_lossless(stories, trimmed, tmp_path):
 
 def test_trimmed_draft_with_another_vocabulary_is_refused(trimmed, tiny_random):
     result = run_cli("generate", "--target", tiny_random, "--draft", trimmed, "--max-tokens", "4", "Hello")
-    assert result.returncode != 0
-    assert result.stderr.strip().startswith("error:") and len(result.stderr.strip().splitlines()) == 1
-    assert "vocabulary" in result.stderr
+    assert_one_error_line(result, "vocabulary")
 
 
 def test_missing_or_altered_inputs_file_is_one_clear_error(trimmed, tmp_path):
@@ -130,8 +128,7 @@ def test_interrupted_derive_leaves_no_model(stories, tmp_path, monkeypatch):
 @pytest.mark.parametrize("vocab", ["0", "100000"])
 def test_derive_cli_refuses_bad_sizes(stories, tmp_path, vocab):
     result = run_cli("models", "derive", stories, tmp_path / "x.gguf", "--vocab", vocab)
-    assert result.returncode != 0
-    assert result.stderr.strip().startswith("error:") and "tokens" in result.stderr
+    assert_one_error_line(result, "tokens")
     assert not any(tmp_path.iterdir())
 
 

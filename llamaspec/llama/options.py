@@ -15,6 +15,8 @@ from ..errors import LlamaSpecError
 from .backend import ll
 
 FlashAttn = Literal["auto", "on", "off"]
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequences one context holds
+
 FLASH_ATTN = {
     "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -79,8 +81,8 @@ class ModelOptions:
             raise LlamaSpecError(f"threads must be at least 1, got {self.n_threads}")
         if self.n_batch < 1:
             raise LlamaSpecError(f"batch size must be at least 1, got {self.n_batch}")
-        if not 1 <= self.n_seq <= 256:
-            raise LlamaSpecError(f"parallel sequences must be between 1 and 256, got {self.n_seq}")
+        if not 1 <= self.n_seq <= MAX_SEQUENCES:
+            raise LlamaSpecError(f"parallel sequences must be between 1 and {MAX_SEQUENCES}, got {self.n_seq}")
         if self.flash_attn not in FLASH_ATTN:
             raise LlamaSpecError(f"flash attention must be auto, on or off, got {self.flash_attn!r}")
         servers = tuple(self.rpc_servers.split(",") if isinstance(self.rpc_servers, str) else self.rpc_servers)
