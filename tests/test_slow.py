@@ -40,7 +40,7 @@ def test_qwen_pair_greedy_identical_or_tie(qwen_pair, k):
         plain, plain_rows = plain_with_logits(target, prompt, 64)
         stats = GenerationStats()
         spec, spec_rows = speculative_with_logits(target, DraftModelDrafter(draft), prompt, k, 64, stats)
-        assert_identical_or_tie(plain, plain_rows, spec, spec_rows, f"qwen k={k}")
+        assert_identical_or_tie(plain, plain_rows, spec, spec_rows, f"qwen k={k}", k)
         total.n_drafted += stats.n_drafted
         total.n_accepted += stats.n_accepted
     assert 0.3 < total.acceptance_rate <= 1.0
@@ -65,5 +65,5 @@ def test_gemma_sliding_window_rollback(gemma, k):
     plain, plain_rows = plain_with_logits(target, prompt, 64)
     stats = GenerationStats()
     spec, spec_rows = speculative_with_logits(target, DraftModelDrafter(draft), prompt, k, 64, stats)
-    assert_identical_or_tie(plain, plain_rows, spec, spec_rows, f"gemma k={k}")
+    assert_identical_or_tie(plain, plain_rows, spec, spec_rows, f"gemma k={k}", k)
     assert 0 < stats.n_accepted < stats.n_drafted
