@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pexpect
 import pytest
-from conftest import REPO
+from conftest import REPO, assert_one_error_line
 
 from llamaspec import models as registry
 from llamaspec.chat_session import ChatSession
@@ -165,8 +165,8 @@ def test_trace_colours_each_verify_batch_and_ctrl_d_leaves(stories, truncated_dr
     first_position = int(next(position for position, _, k in steps if int(k)))  # the first token drafts none
     assert re.search(rf"\n\s+{first_position + 1} [✓✗] '", traced)
     assert re.search(r"\x1b\[31m\s+\d+ ✗ ", term.raw)  # some draft was rejected
-    if any(int(n) for _, n, _ in steps):
-        assert re.search(r"\x1b\[32m\s+\d+ ✓ ", term.raw)
+    assert any(int(n) for _, n, _ in steps)  # and some accepted (the draft agrees on about half)
+    assert re.search(r"\x1b\[32m\s+\d+ ✓ ", term.raw)
     assert "(trace off)" in term.say("/trace off")
     assert "verify @" not in term.say("Again")
     term.child.sendeof()
@@ -195,8 +195,7 @@ def test_smollm2_chat_shows_multibyte_text_whole():
 def test_bad_options_end_in_one_error_line(args, expected):
     result = subprocess.run([sys.executable, "-m", "llamaspec.chat_cli", *args], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.startswith(expected), result.stderr
+    assert_one_error_line(result, expected, code=1)
 
 
 # -- the session underneath ----------------------------------------------------------------
@@ -413,9 +412,12 @@ def test_create_chat_completion_matches_llama_cpp_and_generate(decoder, llama_cp
     theirs = llama_cpp_reference.create_chat_completion(CHAT, max_tokens=16, temperature=0)
     assert keys(without_speculative(ours)) == keys(theirs)
     assert ours["object"] == "chat.completion" and ours["id"].startswith("chatcmpl-")
+    # stories260K has no chat template: the fallback's plain-text turns, written out here
+    rendered = decoder.target.tokenize(f"You tell stories.\n\nUser: {STORY}\nAssistant:")
+    assert decoder.chat_tokens(CHAT) == rendered
     message = ours["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": greedy_text(decoder, decoder.chat_tokens(CHAT), 16)}
-    assert ours["usage"]["prompt_tokens"] == len(decoder.chat_tokens(CHAT))
+    assert message == {"role": "assistant", "content": greedy_text(decoder, rendered, 16)}
+    assert ours["usage"]["prompt_tokens"] == len(rendered)
 
     chunks = list(decoder.create_chat_completion(CHAT, max_tokens=16, temperature=0, stream=True))
     reference = list(llama_cpp_reference.create_chat_completion(CHAT, max_tokens=16, temperature=0, stream=True))

@@ -67,9 +67,16 @@ def audit(tmp_path: Path, target: Path, *extra: str, prompts: list[str] | None =
     return json.loads(out.read_text())
 
 
-def assert_bit_exact(report: dict) -> None:
+def assert_every_size(report: dict) -> dict:
+    """The audit's rows by verify size, which must be every size from 2 to BATCH_MAX (a check
+    over none of them would pass anything)."""
     sizes = report["batch_sizes"]
-    assert sorted(map(int, sizes)) == list(range(2, BATCH_MAX + 1))
+    assert sorted(map(int, sizes)) == list(range(2, BATCH_MAX + 1)), sorted(sizes)
+    return sizes
+
+
+def assert_bit_exact(report: dict) -> None:
+    sizes = assert_every_size(report)
     bad = {size: (row["max_abs_diff"], row["rows_different"], row["rows_compared"])
            for size, row in sizes.items() if row["rows_compared"] == 0 or row["max_abs_diff"] != 0
            or row["rows_different"] != 0}
@@ -158,7 +165,7 @@ def test_multirow_control_rounding_is_caught(tmp_path, kernel_models, quant):
         pytest.skip("no multi-row kernels on this CPU")
     report = audit(tmp_path, kernel_models[quant], env={"GGML_CPU_MULTIROW_CONTROL": "1"}, max_tokens=24)
     assert report["bit_exact_sizes"] == [], report["summary"]
-    assert all(row["rows_different"] > 0 for row in report["batch_sizes"].values())
+    assert all(row["rows_different"] > 0 for row in assert_every_size(report).values())
     assert report["batch1_kernels"]["bit_identical"]  # row 0, a batch of 1, is left alone
 
 
@@ -178,6 +185,7 @@ def test_multirow_control_on_every_row_is_caught_at_batch_1(tmp_path, kernel_mod
         assert_bit_exact(report)
     else:
         assert report["bit_exact_sizes"] == [], report["summary"]
+        assert all(row["rows_different"] > 0 for row in assert_every_size(report).values())
     compared = report["batch1_kernels"]
     assert not compared["bit_identical"] and compared["rows_different"] == compared["rows_compared"] > 0, compared
     assert "Batch 1 differs between the multi-row and the single-row kernels" in report["summary"]
@@ -343,13 +351,16 @@ def test_a_sequence_at_the_top_of_the_cache_still_takes_the_cells_freed_below(ke
 
 @pytest.fixture
 def multirow_settings():
-    """The process's kernel settings (set_cpu_kernels), restored after the test; skips where a
-    batch of 1 has no second kernel."""
+    """The process's kernel settings (set_cpu_kernels), restored after the test; skips only on a
+    CPU without multi-row kernels. Where the build lists them, a batch of 1 must have its second
+    kernel: a missing switch or one turned off by the environment fails, not skips."""
     from llamaspec.llama import batch1_kernel_choice, cpu_kernel_settings, set_cpu_kernels
 
-    system_info()
+    if "MULTIROW = none" in system_info():
+        pytest.skip("no multi-row kernels on this CPU")
     if batch1_kernel_choice() is None:
-        pytest.skip("no multi-row kernels for a batch of 1 here")
+        pytest.fail(f"the build lists multi-row kernels but a batch of 1 has no choice of kernel "
+                    f"(settings {cpu_kernel_settings()}; GGML_CPU_MULTIROW or GGML_CPU_BATCH_INVARIANT set?)")
     saved = cpu_kernel_settings()
     yield saved
     set_cpu_kernels(*saved)
@@ -580,8 +591,9 @@ def test_k_quant_multirow_kernels_are_the_single_row_kernels_bit_for_bit(kind, n
     from llamaspec.llama import backend, set_cpu_kernels
 
     ggml = backend.ggml()
-    if not hasattr(ggml, f"ggml_vec_dot_{kind}_q8_K_multi"):
-        pytest.skip("the quantized multi-row kernels are for AVX2 CPUs")
+    if kind.upper() + "," not in system_info():  # the build lists the types its multi-row kernels cover here
+        pytest.skip(f"no {kind} multi-row kernel on this CPU (AVX2 only)")
+    assert hasattr(ggml, f"ggml_vec_dot_{kind}_q8_K_multi"), "the build lists the kernel but does not export it"
     rng = np.random.default_rng(n)
     plain = np.stack([np.frombuffer(_quantize_q8_K(ggml.quantize_row_q8_K, rng.normal(0, 1, n).astype(np.float32)),
                                     dtype=np.uint8) for _ in range(BATCH_MAX - 2)]

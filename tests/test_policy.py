@@ -1,5 +1,7 @@
 """Drafting policy and n-gram lookup on synthetic inputs: no model."""
 
+import copy
+
 import pytest
 
 from llamaspec.drafters import Draft
@@ -52,10 +54,14 @@ def test_steep_costs_with_free_drafts_and_high_acceptance_draft():
     assert trained(free, 0.95).choose() >= 2
 
 
-def test_expected_rate_picks_the_argmax():
-    policy = trained(STEEP, 0.8)
-    k = policy.choose()
-    assert all(policy.expected_rate(k) >= policy.expected_rate(j) for j in range(9))
+def test_expected_rate_by_hand():
+    """No evidence yet: every position at the prior 0.7. On FLAT, k tokens cost 30 k + verify(k + 1):
+    k = 0, 1, 2, 3 give 1 / 140, 1.7 / 175, 2.19 / 210 and 2.533 / 245 tokens a ms, so k = 2."""
+    policy = AdaptiveK(FLAT)
+    assert policy.expected_tokens(3) == pytest.approx(1 + 0.7 + 0.49 + 0.343)
+    rates = [1 / 140, 1.7 / 175, 2.19 / 210, 2.533 / 245]
+    assert [policy.expected_rate(k) for k in range(4)] == pytest.approx(rates)
+    assert policy.choose() == 2 and policy.choose(max_k=1) == 1
 
 
 def test_after_plain_steps_evidence_ages_and_speculation_resumes():
@@ -238,8 +244,9 @@ def test_confidence_policy_stops_drafting_when_many_slots_share_the_batch():
 
 
 def test_pays_says_whether_begin_would_draft_without_changing_the_policy():
-    adaptive = AdaptiveK(CostModel(ZEN4_TARGET, ZEN4_DRAFT[1]))
-    assert FixedK().pays() and adaptive.pays() == (adaptive.choose() > 0)
+    for adaptive, drafts in ((AdaptiveK(CostModel(ZEN4_TARGET, ZEN4_DRAFT[1])), True), (trained(STEEP, 0.3), False)):
+        assert adaptive.pays() == drafts and (copy.deepcopy(adaptive).begin(adaptive.k_max) > 0) == drafts
+    assert FixedK().pays()
     costly = ConfidenceK(CostModel({1: 30.0, 2: 60.0, 3: 90.0}, 30.0), k_max=2)  # a draft as dear as a decode
     assert not costly.pays() and costly.begin(2) == 0
     policy = ConfidenceK(CostModel(ZEN4_TARGET, ZEN4_DRAFT), k_max=15)
