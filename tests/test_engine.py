@@ -11,8 +11,7 @@ from conftest import STORY_PROMPTS
 from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.errors import ContextFullError, VocabMismatchError
-from llamaspec.llama import Model, ModelOptions
-from llamaspec.llama import cpu_kernel_settings
+from llamaspec.llama import Model, ModelOptions, cpu_kernel_settings
 from llamaspec.llama import model as llama_model
 from llamaspec.policy import FixedK
 from llamaspec.sampling import Sampler
