@@ -11,6 +11,7 @@ from scipy.stats import chi2_contingency
 import llamaspec.speculative as speculative
 from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.llama import Model, ModelOptions
+from llamaspec.policy import ConfidenceK, CostModel
 from llamaspec.sampling import Sampler, SamplingParams
 from llamaspec.speculative import generate_tokens
 
@@ -61,6 +62,22 @@ def test_speculative_sampling_matches_plain(setup, verify):
     assert len(plain) > 10  # the test means something only if there is real variety
     p_value = two_sample_p_value(plain, spec)
     print(f"{verify}: p = {p_value:.4f} over {len(set(plain) | set(spec))} outcomes")
+    assert p_value >= ALPHA
+
+
+def test_confidence_policy_keeps_every_sampled_draft_token(setup):
+    """ConfidenceK picks the prefix of a greedy draft worth verifying from the tokens' own
+    probabilities. Done to a sampled draft, that would verify d_i or not depending on q(d_i),
+    and rejection sampling is exact only when it does not: with these costs `keep` dropped the
+    tokens below q = 0.5 (114 of 300 first drafts), and the pairs' distribution moved (p < 1e-4).
+    Every sampled token drafted is verified; the policy still decides, from the tokens before,
+    whether to draft another."""
+    target, drafter, prompt, plain = setup
+    steep = CostModel({1: 10.0, 2: 15.0, 3: 20.0, 4: 25.0}, draft_ms_per_token=0.5)
+    confident = DraftModelDrafter(drafter.model, ConfidenceK(steep, k_max=3))
+    spec = first_two(target, prompt, confident, N_SAMPLES, seed0=50_000)
+    p_value = two_sample_p_value(plain, spec)
+    print(f"ConfidenceK: p = {p_value:.4f}")
     assert p_value >= ALPHA
 
 

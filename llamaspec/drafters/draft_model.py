@@ -99,8 +99,13 @@ class DraftModelDrafter:
                 sure = float(probs[-1][token]) if probs else _top_prob(logits, token, self._scratch)
             return sure, not model.is_eog(token)
 
-        _, n = draft_steps(policy, max_k, next_token)
+        drafted, n = draft_steps(policy, max_k, next_token)
         settle()
+        if probs:
+            # Sampled: every drafted token goes to verification. The policy may stop drafting on
+            # what came before, but leaving d_i out because of q(d_i) itself (ConfidenceK's
+            # `keep`) would bias rejection sampling, which is exact only for d_i drawn from q.
+            n = drafted
         return Draft(history[len(context):len(context) + n], probs[:n] if probs else None)
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
