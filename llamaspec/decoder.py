@@ -157,7 +157,8 @@ class Decoder(CompletionMixin):
         # The draft's own batches are cheap too: copied guesses ride along (k=auto only, it
         # needs the draft's cost curve to decide how many).
         lookahead = CopyLookahead(config.draft_ms, LOOKAHEAD_MAX) if auto else None
-        model_drafter = DraftModelDrafter(self.draft_model, model_policy, lookahead, self._observer(config.draft_ms))
+        model_drafter = DraftModelDrafter(self.draft_model, model_policy, lookahead, self._observer(config.draft_ms),
+                                          n_vocab=self.target.n_vocab)
         return compose_drafter(kind, lookup_policy, model_drafter)
 
     def _observer(self, curve: Mapping[int, float]) -> Callable[[int, float], None] | None:

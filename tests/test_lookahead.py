@@ -10,7 +10,8 @@ from llamaspec.drafters.draft_model import DraftModelDrafter
 from llamaspec.drafters.lookahead import CopyLookahead
 from llamaspec.drafters.ngram import latest_copy
 from llamaspec.policy import FixedK
-from llamaspec.sampling import Sampler
+from llamaspec.sampling import Sampler, SamplingParams
+from llamaspec.verify import verify_rejection
 
 VOCAB = 16
 
@@ -177,3 +178,37 @@ def test_on_the_tiny_model_drafts_are_unchanged_and_output_equals_plain(stories,
     assert sum(matched for _, matched in lookahead.observed) > 20  # the rows of right guesses were used
     # the drafter's evals, each heard once: catch-up batches, then one token at a time
     assert heard and min(heard) >= 1 and heard.count(1) > len(heard) // 2
+
+
+class OtherVocab(RuleModel):
+    """A draft whose vocabulary is `extra` ids larger (or smaller) than the target's, as llama.cpp
+    allows up to 128 (Qwen2.5 7B and its 0.5B draft); the ids past the target's it likes best."""
+
+    def __init__(self, extra: int) -> None:
+        super().__init__()
+        self.n_vocab = VOCAB + extra
+
+    def eval(self, tokens, all_logits=False):
+        rows = super().eval(tokens, all_logits)
+        if self.n_vocab < VOCAB:
+            return rows[:, : self.n_vocab]
+        return np.hstack([rows, np.full((len(rows), self.n_vocab - VOCAB), 9.0, dtype=np.float32)])
+
+
+@pytest.mark.parametrize("extra", [4, -4])
+def test_a_draft_with_another_vocabulary_size_drafts_on_the_targets_ids(extra):
+    """Greedy: never an id the target lacks. Sampled: distributions over the target's ids, so
+    speculative sampling can subtract them from the target's (before, a shape error)."""
+    context = [1, 2, 3]
+    greedy = DraftModelDrafter(OtherVocab(extra), FixedK(), n_vocab=VOCAB).propose(context, 6, Sampler())
+    assert len(greedy.tokens) == 6 and max(greedy.tokens) < min(VOCAB, VOCAB + extra)
+    sampled = DraftModelDrafter(OtherVocab(extra), FixedK(), n_vocab=VOCAB).propose(
+        context, 6, Sampler(SamplingParams(temperature=1.0, seed=3)))
+    assert len(sampled.probs) == 6
+    for token, q in zip(sampled.tokens, sampled.probs):
+        assert q.shape == (VOCAB,) and q.sum() == pytest.approx(1.0) and q[token] > 0
+        assert not q[VOCAB + extra:].any()  # ids the draft lacks: impossible (none when it has more)
+    p = np.full(VOCAB, 1.0 / VOCAB)
+    n_accepted, token = verify_rejection(sampled.tokens, sampled.probs, lambda i: p, np.random.default_rng(0).random,
+                                         lambda weights: int(np.argmax(weights)))
+    assert 0 <= n_accepted <= 6 and 0 <= token < VOCAB
