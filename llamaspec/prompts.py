@@ -12,6 +12,8 @@ from .errors import LlamaSpecError
 def load_prompts(path: Path | None = None, categories: list[str] | None = None,
                  limit: int | None = None) -> list[dict]:
     """JSON lines with id, category, prompt; the shipped suite when path is None."""
+    if limit is not None and limit < 1:
+        raise LlamaSpecError(f"--limit must be at least 1, got {limit}")
     if path is None:
         text = resources.files("llamaspec").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
         where = "the shipped prompt suite"

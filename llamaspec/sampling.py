@@ -41,6 +41,10 @@ class SamplingParams:
             raise LlamaSpecError(f"min-p must be in [0, 1), got {self.min_p}")
         if not self.repeat_penalty > 0:
             raise LlamaSpecError(f"repeat penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and self.seed < 0:
+            if self.seed != -1:
+                raise LlamaSpecError(f"seed must be >= 0, or -1 for a random one, got {self.seed}")
+            object.__setattr__(self, "seed", None)  # llama.cpp's -1: a random seed
         if self.repeat_last_n < 0:
             raise LlamaSpecError(f"repeat window must be >= 0, got {self.repeat_last_n}")
 

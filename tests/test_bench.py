@@ -64,6 +64,11 @@ def test_bench_ngram_needs_no_draft(stories, tmp_path):
     assert json.loads((tmp_path / "b.json").read_text())["meta"]["draft"] is None
 
 
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_bench_limit_below_one_is_refused(stories, limit):
+    assert_one_error_line(run_cli("bench", "--target", stories, "--limit", limit), "--limit must be at least 1")
+
+
 def test_bench_bad_prompts_file(stories, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "category": "code"}\n')

@@ -152,6 +152,19 @@ def test_tie_check_has_power():
         assert_identical_or_tie([2], [near], [1], {0: moved}, "planted", 1)
 
 
+def test_ids_outside_the_vocabulary_have_no_text_and_a_closed_model_resets(stories):
+    """A vocabulary without BOS or EOS says -1 for them (RWKV, T5): llama.cpp's
+    token_to_piece would throw through the C API and abort, so the chat format's BOS text
+    could not be read. And reset after close has no cache to clear."""
+    model = Model(stories, OPTIONS)
+    assert model.token_bytes(-1) == b"" and model.token_bytes(model.n_vocab) == b""
+    assert model.token_bytes(model.tokenize("Once", add_special=False)[0]) != b""
+    model.eval(model.tokenize("Once upon"))
+    model.close()
+    model.reset()
+    assert model.tokens == []
+
+
 def test_rollback_leaves_no_trace(stories):
     with Model(stories, OPTIONS) as a, Model(stories, OPTIONS) as b:
         prefix = a.tokenize("Once upon a time there was")

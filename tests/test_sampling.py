@@ -13,6 +13,12 @@ def probs(**params):
     return Sampler(SamplingParams(**params)).probs(LOGITS)
 
 
+def test_seed_minus_one_is_random_as_in_llama_cpp_other_negatives_are_refused():
+    assert SamplingParams(temperature=1.0, seed=-1).seed is None
+    with pytest.raises(LlamaSpecError, match="seed"):
+        SamplingParams(temperature=1.0, seed=-2)
+
+
 def test_temperature_one_is_softmax():
     np.testing.assert_allclose(probs(temperature=1.0), [0.5, 0.2, 0.15, 0.1, 0.05])
 

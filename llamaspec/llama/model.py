@@ -139,10 +139,6 @@ class Model:
         return int(ll.llama_model_n_swa(self._model))
 
     @property
-    def n_layer(self) -> int:
-        return int(ll.llama_model_n_layer(self._model))
-
-    @property
     def vocab_type(self) -> int:
         return int(ll.llama_vocab_type(self._vocab))
 
@@ -223,7 +219,11 @@ class Model:
             capacity = -n
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        """One token's bytes; may be part of a multi-byte UTF-8 character."""
+        """One token's bytes; may be part of a multi-byte UTF-8 character. An id outside the
+        vocabulary (a vocabulary without BOS or EOS says -1) is empty: llama.cpp would throw
+        through its C API and abort the process."""
+        if not 0 <= token < self.n_vocab:
+            return b""
         buf = ctypes.create_string_buffer(64)
         token = self._local(token)
         n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
@@ -414,7 +414,8 @@ class Model:
 
     def reset(self) -> None:
         """Empty the cache (a new, unrelated conversation)."""
-        ll.llama_memory_clear(self._memory, True)
+        if self._ctx is not None:  # closed: no cache left to clear
+            ll.llama_memory_clear(self._memory, True)
         for tokens in self.seq_tokens:
             tokens.clear()
         self._snapshots.clear()
