@@ -236,6 +236,11 @@ def serve(
     def load() -> SpeculativeDecoder:  # again after a lost RPC server: the server reloads in place
         decoder = SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                                      strict=strict)
+        recurrent = [m.path.name for m in (decoder.target, decoder.draft_model) if m is not None and m.needs_state_rollback]
+        if recurrent:  # its rollback replays saved states, which the slots' shared batches do not keep
+            decoder.close()
+            raise LlamaSpecError(f"serve needs models whose cache can be cut; {', '.join(recurrent)} keeps recurrent "
+                                 "state (generate and chat run it)")
         if decoder.strict_note:
             typer.echo(decoder.strict_note, err=True)
         return decoder

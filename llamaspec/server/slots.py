@@ -126,9 +126,13 @@ class SlotPool:
                 emit("error", ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
             finally:
                 self.running.pop(slot.index, None)
-                latest = slot.decoder.last  # a job that failed before generating has none of its own
-                self.metrics.record(latest.stats if latest is not before and latest else GenerationStats(), n_prompt)
-                slot.clear()
+                try:
+                    latest = slot.decoder.last  # a job that failed before generating has none of its own
+                    self.metrics.record(latest.stats if latest is not before and latest else GenerationStats(),
+                                        n_prompt)
+                    slot.clear()
+                except Exception as exc:  # noqa: BLE001 - the client must still hear the end, the pool get its slot
+                    emit("error", ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
                 emit("end", None)
                 self.threads.discard(threading.current_thread())
                 loop.call_soon_threadsafe(free.put_nowait, slot)
