@@ -139,6 +139,10 @@ class Model:
         return int(ll.llama_model_n_swa(self._model))
 
     @property
+    def n_layer(self) -> int:
+        return int(ll.llama_model_n_layer(self._model))
+
+    @property
     def vocab_type(self) -> int:
         return int(ll.llama_vocab_type(self._vocab))
 
