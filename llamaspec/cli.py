@@ -236,7 +236,8 @@ def serve(
     def load() -> SpeculativeDecoder:  # again after a lost RPC server: the server reloads in place
         decoder = SpeculativeDecoder(target_path, draft_path, k=k_value, drafter=drafter.value, options=options,
                                      strict=strict)
-        recurrent = [m.path.name for m in (decoder.target, decoder.draft_model) if m is not None and m.needs_state_rollback]
+        models = (decoder.target, decoder.draft_model)
+        recurrent = [m.path.name for m in models if m is not None and m.needs_state_rollback]
         if recurrent:  # its rollback replays saved states, which the slots' shared batches do not keep
             decoder.close()
             raise LlamaSpecError(f"serve needs models whose cache can be cut; {', '.join(recurrent)} keeps recurrent "

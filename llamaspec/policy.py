@@ -279,9 +279,10 @@ class ConfidenceK:
     continues while some longer draft, its tokens assumed as likely as the last one, is
     worth more than verifying now; then the best prefix is verified (the drafting time is
     spent either way; a sampled draft is verified whole, see `DraftModelDrafter.propose`:
-    leaving a token out for its own probability would bias speculative sampling). Before drafting, a running estimate of the first token's acceptance
-    decides whether drafting can pay at all; when it cannot, the step is plain and the
-    estimate drifts back to its prior, so drafting is tried again later.
+    leaving a token out for its own probability would bias speculative sampling). Before
+    drafting, a running estimate of the first token's acceptance decides whether drafting can
+    pay at all; when it cannot, the step is plain and the estimate drifts back to its prior,
+    so drafting is tried again later.
     """
 
     wants_prob = True
