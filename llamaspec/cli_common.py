@@ -30,14 +30,13 @@ def run_app(app: typer.Typer) -> NoReturn:
     except typer.TyperException as exc:  # the base of typer's (vendored) Click exceptions
         if type(exc).__name__ == "NoArgsIsHelpError":  # its message is the help text
             exc.show()
+            code = exc.exit_code
         else:
             context = getattr(exc, "ctx", None)
             hint = f" (see: {context.command_path} --help)" if context is not None else ""
-            typer.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
-        code = exc.exit_code
+            code = fail(" ".join(exc.format_message().split()) + hint, exc.exit_code).exit_code
     except typer.Abort:
-        typer.echo("error: interrupted", err=True)
-        code = 130
+        code = fail("interrupted", 130).exit_code
     sys.exit(code or 0)
 
 
