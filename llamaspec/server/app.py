@@ -65,8 +65,7 @@ class Guard:
         else:
             await self.app(scope, receive, send_and_note)
         finally:
-            key = (scope["path"], status)
-            self.metrics.requests[key] = self.metrics.requests.get(key, 0) + 1
+            self.metrics.count_request(scope["path"], status)
 
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:

@@ -7,7 +7,7 @@ from .slots import Engine
 
 
 def metrics_text(engine: Engine) -> str:
-    m, pool = engine.metrics, engine.pool
+    m, pool = engine.metrics.snapshot(), engine.pool
     slots = pool.slots if pool else []
     lines: list[str] = []
 

@@ -39,18 +39,39 @@ class Slot:
 
 @dataclass
 class Metrics:
+    """Counters that slot threads and the event loop both add to. An unlocked read-modify-write
+    loses updates when another thread comes between the read and the write (the request
+    counts' get-then-set can switch threads at the call; on a free-threaded Python any `+=`),
+    so every change and the scrape's `snapshot` take `lock` (a few additions, never a decode)."""
+
     requests: dict[tuple[str, int], int] = field(default_factory=dict)
     prompt_tokens: int = 0
     generated_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     cancelled: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, stats: Any, n_prompt: int) -> None:
-        self.prompt_tokens += n_prompt
-        self.generated_tokens += stats.n_generated
-        self.drafted_tokens += stats.n_drafted
-        self.accepted_tokens += stats.n_accepted
+        with self.lock:
+            self.prompt_tokens += n_prompt
+            self.generated_tokens += stats.n_generated
+            self.drafted_tokens += stats.n_drafted
+            self.accepted_tokens += stats.n_accepted
+
+    def count_request(self, path: str, status: int) -> None:
+        with self.lock:
+            self.requests[(path, status)] = self.requests.get((path, status), 0) + 1
+
+    def count_cancelled(self) -> None:
+        with self.lock:
+            self.cancelled += 1
+
+    def snapshot(self) -> Metrics:
+        """A consistent copy for one scrape."""
+        with self.lock:
+            return Metrics(dict(self.requests), self.prompt_tokens, self.generated_tokens, self.drafted_tokens,
+                           self.accepted_tokens, self.cancelled)
 
 
 class SlotPool:
@@ -122,7 +143,7 @@ class SlotPool:
                         for chunk in result:
                             emit("chunk", chunk)
             except Cancelled:
-                self.metrics.cancelled += 1
+                self.metrics.count_cancelled()
             except LlamaSpecError as exc:
                 emit("error", ApiError(400, str(exc)))
             except Exception as exc:  # noqa: BLE001 - the server must outlive any request
