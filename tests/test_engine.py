@@ -10,7 +10,7 @@ from conftest import STORY_PROMPTS
 
 from llamaspec.compat import check_vocab_compatible
 from llamaspec.drafters.draft_model import DraftModelDrafter
-from llamaspec.errors import ContextFullError, VocabMismatchError
+from llamaspec.errors import ContextFullError, LlamaSpecError, VocabMismatchError
 from llamaspec.llama import Model, ModelOptions, cpu_kernel_settings
 from llamaspec.llama import model as llama_model
 from llamaspec.policy import FixedK
@@ -217,6 +217,29 @@ def test_state_snapshot_rollback_path_matches_plain(stories, truncated_draft):
                                     max_tokens=48, stats=stats))
         assert spec == plain
         assert 0 < stats.n_accepted < stats.n_drafted
+
+
+def test_state_rollback_past_every_snapshot_replays_from_the_start(stories):
+    """A rollback older than every saved state (only the last few steps keep one) empties the
+    sequence and re-decodes the kept tokens: the cache then matches one built from scratch."""
+    with Model(stories, OPTIONS) as model, Model(stories, OPTIONS) as fresh:
+        tokens = model.tokenize("Once upon a time there was a little girl who loved the sea")
+        model.needs_state_rollback = True
+        for token in tokens:  # one snapshot per step: the first positions' are dropped
+            model.eval([token])
+        n_keep = 3
+        model.rollback(n_keep)
+        assert model.tokens == tokens[:n_keep] and model.kv_tokens(0) == n_keep
+        fresh.eval(tokens[:n_keep])
+        assert np.array_equal(model.eval([tokens[n_keep]]), fresh.eval([tokens[n_keep]]))
+
+
+def test_shared_batches_refuse_recurrent_models(stories):
+    """decode_many saves no snapshots, so a recurrent model's rollback would have none to restore."""
+    with Model(stories, OPTIONS) as model:
+        model.needs_state_rollback = True
+        with pytest.raises(LlamaSpecError, match="recurrent state"):
+            model.decode_many([(0, model.tokenize("Once"), False)])
 
 
 def test_context_full_stops_cleanly(stories, truncated_draft):

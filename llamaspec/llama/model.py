@@ -284,8 +284,8 @@ class Model:
         seqs = [seq for seq, _, _ in items]
         if len(set(seqs)) != len(seqs) or not all(0 <= seq < len(self.seq_tokens) for seq in seqs):
             raise ValueError(f"decode_many needs distinct sequences below {len(self.seq_tokens)}, got {seqs}")
-        if self.needs_state_rollback and len(self.seq_tokens) > 1:
-            raise LlamaSpecError(f"{self.path.name} keeps recurrent state, which parallel sequences do not support")
+        if self.needs_state_rollback:  # rollback restores snapshots, which only `eval` saves
+            raise LlamaSpecError(f"{self.path.name} keeps recurrent state, which shared batches do not support")
         if not all(tokens for _, tokens, _ in items):
             raise ValueError("decode_many needs at least one token per sequence")
         self._check_room(sum(len(tokens) for _, tokens, _ in items))

@@ -32,16 +32,16 @@ class StateSnapshots:
 
     def restore(self, n_keep: int) -> int:
         """Load the newest state of at most n_keep tokens; returns its length (the caller
-        re-decodes the tokens after it)."""
+        re-decodes the tokens after it). With none that old (a rollback past the last few
+        steps: a chat turn that rewrites history), the sequence starts empty and the caller
+        re-decodes all n_keep tokens: slow, but the same cache."""
         usable = [s for s in self._saved if s[0] <= n_keep]
+        ll.llama_memory_seq_rm(self._memory, self._seq, -1, -1)
         if not usable:
-            raise LlamaSpecError(
-                f"cannot roll back {self._name} to {n_keep} tokens: the cache refused a partial "
-                "removal and no saved state is old enough"
-            )
+            self._saved.clear()
+            return 0
         n_saved, state = usable[-1]
         self._saved = [s for s in self._saved if s[0] <= n_saved]
-        ll.llama_memory_seq_rm(self._memory, self._seq, -1, -1)
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if ll.llama_state_seq_set_data_ext(self._ctx, buf, len(state), self._seq, 0) == 0:
             raise LlamaSpecError(f"restoring the saved state of {self._name} failed")
