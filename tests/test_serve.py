@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -280,76 +281,109 @@ def test_slot_policies_price_the_round_of_every_busy_slot(stories: Path, truncat
     decoder.close()
 
 
-def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draft: Path) -> None:
-    """/metrics runs on the event loop, so it must never wait for the shared batch's lock,
-    which a slot thread holds for a whole decode round: here the target's second round lasts
-    until the test has scraped (the server runs in this process so that decode can be held)."""
+@contextmanager
+def in_process_server(stories: Path, truncated_draft: Path) -> Iterator[tuple[str, Engine, SpeculativeDecoder]]:
+    """A one-slot server in this process (url, engine, decoder), so a test can hold or break
+    what its slot thread calls; stopped, its models freed, on leaving."""
     decoder = SpeculativeDecoder(stories, truncated_draft, k=3, drafter="model", options=ModelOptions(n_ctx=256))
     engine = Engine(n_slots=1, n_ctx=256)
     engine.start(decoder)
     assert engine.pool is not None
-    in_round, finish_round = threading.Event(), threading.Event()
-    decode_many, rounds = decoder.target.decode_many, []
-
-    def long_round(items):  # runs on the slot thread, under the batch lock
-        rounds.append(items)
-        if len(rounds) == 2:  # after the prefill: the cache holds the prompt
-            in_round.set()
-            finish_round.wait(60)
-        return decode_many(items)
-
-    decoder.target.decode_many = long_round  # type: ignore[method-assign]
     server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig("stories260K")), log_level="warning"))
     sock = _listen("127.0.0.1", 0)  # the server's own listener (TCP_NODELAY on its connections)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    answer: dict[str, httpx.Response] = {}
-    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
-    generation = threading.Thread(
-        target=lambda: answer.update(response=httpx.post(url + "/v1/completions", json=body, timeout=120)))
-    client = httpx.Client(timeout=5)
     serving.start()
     try:
         deadline = time.monotonic() + 60
         while not server.started:
             assert time.monotonic() < deadline and serving.is_alive(), "the in-process server did not start"
             time.sleep(0.01)
-        generation.start()
-        assert in_round.wait(60), "the generation never reached the target's second decode round"
-        held_elsewhere = not engine.pool.batch.lock.acquire(blocking=False)
-        if not held_elsewhere:
-            engine.pool.batch.lock.release()
-        assert held_elsewhere, "the slot thread should hold the batch lock during its round"
-        took = []
-        for _ in range(3):
-            start = time.monotonic()
-            scrape = client.get(url + "/metrics")
-            took.append(time.monotonic() - start)
-            assert scrape.status_code == 200
-        # The round is held for up to 60 s: a scrape that waited for it would take that long (or time
-        # out at 5 s). Every scrape under 1 s, the fastest under 0.1 s: one slow scrape on a loaded
-        # machine (a full run once saw it) is not a wait for the lock.
-        assert max(took) < 1.0 and min(took) < 0.1, \
-            f"/metrics took {[round(t * 1000) for t in took]} ms during a decode round"
-        assert not answer, "the generation finished while its decode round was held"
-        values = parse_metrics(scrape.text)
-        assert values["llamaspec_slots_busy"] == 1
-        # The count published after the prefill round: what the cache holds (the slot thread
-        # is parked in the test's wait, not in llama.cpp, so reading the cache here is safe).
-        kv = values['llamaspec_kv_tokens{slot="0",model="target"}']
-        assert kv == decoder.target.kv_tokens(0) > 0, kv
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", engine, decoder
     finally:
-        finish_round.set()
-        client.close()
-        if generation.ident is not None:
-            generation.join(120)
         server.should_exit = True
         serving.join(30)
         engine.pool.shutdown()
         decoder.close()
         sock.close()
+
+
+COMPLETION = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+
+
+def test_metrics_answer_during_a_long_decode_round(stories: Path, truncated_draft: Path) -> None:
+    """/metrics runs on the event loop, so it must never wait for the shared batch's lock,
+    which a slot thread holds for a whole decode round: here the target's second round lasts
+    until the test has scraped (the server runs in this process so that decode can be held)."""
+    in_round, finish_round = threading.Event(), threading.Event()
+    answer: dict[str, httpx.Response] = {}
+    with in_process_server(stories, truncated_draft) as (url, engine, decoder):
+        assert engine.pool is not None
+        decode_many, rounds = decoder.target.decode_many, []
+
+        def long_round(items):  # runs on the slot thread, under the batch lock
+            rounds.append(items)
+            if len(rounds) == 2:  # after the prefill: the cache holds the prompt
+                in_round.set()
+                finish_round.wait(60)
+            return decode_many(items)
+
+        decoder.target.decode_many = long_round  # type: ignore[method-assign]
+        generation = threading.Thread(
+            target=lambda: answer.update(response=httpx.post(url + "/v1/completions", json=COMPLETION, timeout=120)))
+        client = httpx.Client(timeout=5)
+        try:
+            generation.start()
+            assert in_round.wait(60), "the generation never reached the target's second decode round"
+            held_elsewhere = not engine.pool.batch.lock.acquire(blocking=False)
+            if not held_elsewhere:
+                engine.pool.batch.lock.release()
+            assert held_elsewhere, "the slot thread should hold the batch lock during its round"
+            took = []
+            for _ in range(3):
+                start = time.monotonic()
+                scrape = client.get(url + "/metrics")
+                took.append(time.monotonic() - start)
+                assert scrape.status_code == 200
+            # The round is held for up to 60 s: a scrape that waited for it would take that long (or time
+            # out at 5 s). Every scrape under 1 s, the fastest under 0.1 s: one slow scrape on a loaded
+            # machine (a full run once saw it) is not a wait for the lock.
+            assert max(took) < 1.0 and min(took) < 0.1, \
+                f"/metrics took {[round(t * 1000) for t in took]} ms during a decode round"
+            assert not answer, "the generation finished while its decode round was held"
+            values = parse_metrics(scrape.text)
+            assert values["llamaspec_slots_busy"] == 1
+            # The count published after the prefill round: what the cache holds (the slot thread
+            # is parked in the test's wait, not in llama.cpp, so reading the cache here is safe).
+            kv = values['llamaspec_kv_tokens{slot="0",model="target"}']
+            assert kv == decoder.target.kv_tokens(0) > 0, kv
+        finally:
+            finish_round.set()
+            client.close()
+            if generation.ident is not None:
+                generation.join(120)
     assert answer["response"].status_code == 200, answer["response"].text
     assert answer["response"].json()["usage"]["completion_tokens"] == 8
+
+
+def test_a_failing_request_and_cleanup_still_answer_and_free_the_slot(stories: Path, truncated_draft: Path) -> None:
+    """An unexpected exception in the slot thread is a 500 naming it; when the slot's cleanup
+    fails too, the client still gets its answer and the one slot serves the next request."""
+    with in_process_server(stories, truncated_draft) as (url, engine, decoder):
+        assert engine.pool is not None
+        view = engine.pool.slots[0].views[0]
+        decode_many, reset = decoder.target.decode_many, view.reset
+        decoder.target.decode_many = lambda items: 1 / 0  # type: ignore[method-assign]
+        view.reset = lambda: [][0]  # type: ignore[method-assign]
+        failed = httpx.post(url + "/v1/completions", json=COMPLETION, timeout=60)
+        assert failed.status_code == 500, failed.text
+        assert failed.json()["error"] == {"message": "internal error: ZeroDivisionError: division by zero",
+                                          "type": "server_error", "param": None, "code": None}
+        decoder.target.decode_many, view.reset = decode_many, reset  # type: ignore[method-assign]
+        view.reset()  # what the failed cleanup left: the prompt, if the draft decoded it
+        answer = httpx.post(url + "/v1/completions", json=COMPLETION, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 8
+        assert parse_metrics(httpx.get(url + "/metrics").text)['llamaspec_requests_total{path="/v1/completions",status="500"}'] == 1
 
 
 def test_listener_declares_tcp_so_connections_get_nodelay() -> None:

@@ -85,8 +85,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
-                            status_code=500)
+        return _error_response(ApiError.internal(exc))
 
     @app.get("/health")
     async def health() -> Any:
@@ -228,7 +227,7 @@ async def _respond(request: Request, pool: SlotPool, job: Callable[[Decoder], An
         if kind == "result":
             result = value
         elif kind == "error":
-            error = value
+            error = error or value  # the first: a cleanup that fails after it is a consequence
         elif kind == "end":
             break
     if result is None:

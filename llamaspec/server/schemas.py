@@ -15,6 +15,11 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
+    @classmethod
+    def internal(cls, exc: BaseException) -> ApiError:
+        """The 500 for an exception nothing expected (a bug): its type and message for the report."""
+        return cls(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}

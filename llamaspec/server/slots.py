@@ -128,9 +128,6 @@ class SlotPool:
         loop = asyncio.get_running_loop()
         free = self.free_queue()
 
-        def internal_error(exc: Exception) -> ApiError:
-            return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-
         def work() -> None:
             self.running[slot.index] = emit
             before = slot.decoder.last
@@ -147,7 +144,7 @@ class SlotPool:
             except LlamaSpecError as exc:
                 emit("error", ApiError(400, str(exc)))
             except Exception as exc:  # noqa: BLE001 - the server must outlive any request
-                emit("error", internal_error(exc))
+                emit("error", ApiError.internal(exc))
             finally:
                 self.running.pop(slot.index, None)
                 try:
@@ -156,7 +153,7 @@ class SlotPool:
                                         n_prompt)
                     slot.clear()
                 except Exception as exc:  # noqa: BLE001 - the client must still hear the end, the pool get its slot
-                    emit("error", internal_error(exc))
+                    emit("error", ApiError.internal(exc))
                 emit("end", None)
                 self.threads.discard(threading.current_thread())
                 loop.call_soon_threadsafe(free.put_nowait, slot)
