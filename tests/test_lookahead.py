@@ -25,6 +25,7 @@ class RuleModel:
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self.batches: list[int] = []  # size of every eval
+        self.logit_rows: list[int] = []  # rows of logits every eval asked for
 
     @staticmethod
     def next_token(a: int, b: int) -> int:
@@ -32,6 +33,7 @@ class RuleModel:
 
     def eval(self, tokens, all_logits=False):
         self.batches.append(len(tokens))
+        self.logit_rows.append(len(tokens) if all_logits else 1)
         rows = []
         for token in tokens:
             self.tokens.append(token)
@@ -137,6 +139,21 @@ def test_right_guesses_are_used_and_reported():
     assert drafter.propose(prompt, 6, Sampler()).tokens == truth
     assert model.batches[1:] == [3, 3]  # the prompt's last token + 2 guesses, then a draft token + 2
     assert right.observed == [(2, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("n_prompt, first_batches", [(12, [12 + 3]), (200, [199, 1 + 3])])
+def test_a_long_catch_up_goes_before_the_guesses_without_logits(n_prompt, first_batches):
+    """A server slot's draft skips the prompt while drafting does not pay; when it drafts again,
+    the prompt it lacks must not ride in the guesses' batch, where every row gets logits (for
+    Qwen's vocabulary 1.8 GB at 3000 tokens). A short catch-up stays in that one batch."""
+    prompt = rule_text(n_prompt)
+    truth = drafts(DraftModelDrafter(RuleModel(), FixedK()), prompt, 1, 4)[0]
+    model = RuleModel()
+    guesses = Recorder(lambda history: truth[len(history) - len(prompt):][:3])
+    drafter = DraftModelDrafter(model, FixedK(), guesses)  # no prefill: the draft's cache is empty
+    assert drafter.propose(prompt, 4, Sampler()).tokens == truth
+    assert model.batches[: len(first_batches)] == first_batches
+    assert max(model.logit_rows) <= 3 + (n_prompt if n_prompt <= 16 else 1)
 
 
 # --- on the tiny model ------------------------------------------------------------------

@@ -12,6 +12,10 @@ from ..policy import DraftPolicy, FixedK, draft_steps
 from ..sampling import Sampler
 from . import Draft, common_prefix_len
 
+# History tokens a batch of lookahead guesses may carry (all its rows get logits); a longer
+# catch-up is split off, which costs one more decode: dear for the usual one or two tokens.
+_CATCH_UP = 16
+
 
 class DraftModelDrafter:
     """Drafts with its own model (a Model, or a slot's view of a shared one); its KV cache
@@ -63,6 +67,12 @@ class DraftModelDrafter:
         # Keep at least one token to evaluate: we need the logits after the history.
         n_keep = min(common_prefix_len(model.tokens, history), len(history) - 1)
         model.rollback(n_keep)
+        if guesses and len(history) - n_keep > _CATCH_UP:
+            # A long catch-up (a prompt the draft skipped while the server was busy) first,
+            # without logits: in the guesses' batch every row would get logits, 600 KB each
+            # for Qwen's vocabulary (1.8 GB for a 3000-token prompt), and the head's work.
+            model.eval(history[n_keep:-1])
+            n_keep = len(history) - 1
         batch = [*history[n_keep:], *guesses]
         started = time.perf_counter()
         rows = model.eval(batch, all_logits=bool(guesses))
