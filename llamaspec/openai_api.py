@@ -42,12 +42,22 @@ class _Decoder(Protocol):
     def generate(self, prompt: str | Sequence[int], **options: Any) -> _Generation: ...
 
 
+MAX_STOPS, MAX_STOP_CHARS = 16, 256  # far above what templates use; the check a piece stays cheap
+
+
 class StopStrings:
     """Cuts streamed text at the first stop string; text that might begin one is held back
-    until the following pieces show whether it does."""
+    until the following pieces show whether it does. Their number and length are capped:
+    the check costs up to a string's length squared per piece, and on a server one slow
+    slot holds up every slot's decode round."""
 
     def __init__(self, stop: str | Sequence[str] | None):
         self.stops = [s for s in ([stop] if isinstance(stop, str) else stop or []) if s]
+        if len(self.stops) > MAX_STOPS:
+            raise LlamaSpecError(f"at most {MAX_STOPS} stop strings are supported, got {len(self.stops)}")
+        longest = max(map(len, self.stops), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise LlamaSpecError(f"stop strings may have at most {MAX_STOP_CHARS} characters, got one of {longest}")
         self.pending = ""
         self.hit = False
 
@@ -60,7 +70,8 @@ class StopStrings:
         if found:
             self.hit, self.pending = True, ""
             return text[: min(found)]
-        hold = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        hold = max((n for s in self.stops for n in range(1, min(len(s), len(text) + 1))
+                    if s[n - 1] == text[-1] and text.endswith(s[:n])), default=0)
         self.pending = text[len(text) - hold:]
         return text[: len(text) - hold]
 
@@ -77,8 +88,9 @@ class _Completion:
                  speculative: Mapping[str, Any] | None):
         self.decoder = decoder
         self.prompt = prompt
-        # As llama-cpp-python: None or <= 0 means "until the context is full".
-        self.max_tokens = max_tokens if max_tokens and max_tokens > 0 else decoder.target.n_ctx - len(prompt)
+        # As llama-cpp-python: None or <= 0 means "until the context is full" (at least one
+        # token: a prompt the context cannot hold then fails as such, not as a negative max_tokens).
+        self.max_tokens = max_tokens if max_tokens and max_tokens > 0 else max(decoder.target.n_ctx - len(prompt), 1)
         self.sampling = sampling
         self.stop = StopStrings(stop)
         self.options = speculative_options(speculative)
@@ -136,12 +148,15 @@ def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
     return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
 
 
-def _text_chunks(run: _Completion, head: Chunk) -> Iterator[Chunk]:
-    """llama-cpp-python's stream: one chunk per piece, then an empty one with the finish reason."""
+def _text_chunks(run: _Completion, head: Chunk, usage: bool) -> Iterator[Chunk]:
+    """llama-cpp-python's stream: one chunk per piece, then an empty one with the finish reason
+    (and, with `usage`, OpenAI's stream_options.include_usage, one with no choices and the usage)."""
     head = {**head, "object": "text_completion"}
     for piece in run:
         yield {**head, "choices": [_choice(piece, None)]}
     yield {**head, "choices": [_choice("", run.finish_reason)], "speculative": run.speculative()}
+    if usage:
+        yield {**head, "choices": [], "usage": run.usage()}
 
 
 def _text_response(run: _Completion, head: Chunk) -> Chunk:
@@ -150,14 +165,30 @@ def _text_response(run: _Completion, head: Chunk) -> Chunk:
             "usage": run.usage(), "speculative": run.speculative()}
 
 
+def request_sampling(options: Mapping[str, Any]) -> SamplingParams:
+    """The sampling fields a request set, on SamplingParams' defaults: a bad value raises
+    LlamaSpecError (the server checks them before a stream begins)."""
+    fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
+    return SamplingParams(**{key: options[key] for key in fields if key in options})
+
+
 def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float,
               seed: int | None) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
 
 
-def _chat_chunks(run: _Completion, head: Chunk) -> Iterator[Chunk]:
-    """llama-cpp-python's chat stream: a role delta, content deltas, then an empty delta."""
+def include_usage(stream_options: Mapping[str, Any] | None) -> bool:
+    """OpenAI's `stream_options.include_usage`: a last chunk with the usage (other fields ignored)."""
+    value = (stream_options or {}).get("include_usage", False)
+    if not isinstance(value, bool):
+        raise LlamaSpecError(f"stream_options.include_usage must be true or false, got {value!r}")
+    return value
+
+
+def _chat_chunks(run: _Completion, head: Chunk, usage: bool) -> Iterator[Chunk]:
+    """llama-cpp-python's chat stream: a role delta, content deltas, then an empty delta (and
+    the usage chunk, as in `_text_chunks`)."""
     head = {**head, "object": "chat.completion.chunk"}
 
     def chunk(delta: dict[str, str], finish_reason: str | None) -> Chunk:
@@ -167,6 +198,8 @@ def _chat_chunks(run: _Completion, head: Chunk) -> Iterator[Chunk]:
     for piece in run:
         yield chunk({"content": piece}, None)
     yield {**chunk({}, run.finish_reason), "speculative": run.speculative()}
+    if usage:
+        yield {**head, "choices": [], "usage": run.usage()}
 
 
 def _chat_response(run: _Completion, head: Chunk) -> Chunk:
@@ -193,12 +226,13 @@ class CompletionMixin:
         stream: bool = False,
         model: str | None = None,
         speculative: Mapping[str, Any] | None = None,
+        stream_options: Mapping[str, Any] | None = None,
     ) -> Chunk | Iterator[Chunk]:
         """`Llama.create_completion`: a "text_completion" dict, or its chunks with stream=True."""
         run = _Completion(self, self.prompt_tokens(prompt), max_tokens,
                           _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
         head = _head("cmpl", self, model)
-        return _text_chunks(run, head) if stream else _text_response(run, head)
+        return _text_chunks(run, head, include_usage(stream_options)) if stream else _text_response(run, head)
 
     __call__ = create_completion
 
@@ -216,6 +250,7 @@ class CompletionMixin:
         stream: bool = False,
         model: str | None = None,
         speculative: Mapping[str, Any] | None = None,
+        stream_options: Mapping[str, Any] | None = None,
     ) -> Chunk | Iterator[Chunk]:
         """`Llama.create_chat_completion` with the target's own chat template: a
         "chat.completion" dict, or "chat.completion.chunk" dicts with stream=True. Successive
@@ -223,4 +258,4 @@ class CompletionMixin:
         run = _Completion(self, self.chat_tokens(messages), max_tokens,
                           _sampling(temperature, top_p, top_k, min_p, repeat_penalty, seed), stop, speculative)
         head = _head("chatcmpl", self, model)
-        return _chat_chunks(run, head) if stream else _chat_response(run, head)
+        return _chat_chunks(run, head, include_usage(stream_options)) if stream else _chat_response(run, head)

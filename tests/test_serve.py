@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+import openai
 from openai import OpenAI
 
 from conftest import STORY_PROMPTS, assert_one_error_line, run_cli
@@ -119,6 +120,18 @@ def test_openai_client_completions_and_chat_equal_generate(stories_server: Serve
     chunks = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=MAX_TOKENS,
                                             temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    # stream_options.include_usage: a last chunk with no choices and the usage
+    for create, kind in ((client.chat.completions.create, {"messages": messages}),
+                         (client.completions.create, {"prompt": "Tell me a story"})):
+        chunks = list(create(model="stories260K", max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                             stream_options={"include_usage": True}, **kind))
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == MAX_TOKENS
+        assert all(chunk.usage is None for chunk in chunks[:-1])
+    # an OpenAI field that would change the answer is refused, its no-op value accepted
+    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
+        client.completions.create(model="stories260K", prompt="hi", max_tokens=4, logprobs=2)
+    assert client.completions.create(model="stories260K", prompt="hi", max_tokens=4, presence_penalty=0,
+                                     temperature=0).usage.completion_tokens == 4
 
 
 def _divergence_is_tie(stories: Path, truncated_draft: Path, prompt: str, text: str) -> tuple[bool, str]:
@@ -227,6 +240,16 @@ def test_api_key_and_bad_requests_get_status_codes(stories: Path) -> None:
             "token id out of range": (400, {"json": {"prompt": [1, 99999]}}),
             "k <= 0": (400, {"json": {"prompt": "hi", "speculative": {"k": 0}}}),
             "unknown speculative option": (400, {"json": {"prompt": "hi", "speculative": {"q": 1}}}),
+            # checked before a stream starts (it would answer 200, then an error event)
+            "min_p of 1, streamed": (400, {"json": {"prompt": "hi", "min_p": 1.0, "stream": True}}),
+            "seed below -1, streamed": (400, {"json": {"prompt": "hi", "seed": -5, "stream": True}}),
+            "negative temperature": (400, {"json": {"prompt": "hi", "temperature": -0.5}}),
+            "17 stop strings": (400, {"json": {"prompt": "hi", "stop": [str(i) for i in range(17)]}}),
+            "a 257-character stop string": (400, {"json": {"prompt": "hi", "stop": "x" * 257, "stream": True}}),
+            "include_usage not a bool": (400, {"json": {"prompt": "hi", "stream": True,
+                                                        "stream_options": {"include_usage": "yes"}}}),
+            "tools": (400, {"json": {"prompt": "hi", "tools": [{"type": "function"}]}}),
+            "JSON mode": (400, {"json": {"prompt": "hi", "response_format": {"type": "json_object"}}}),
         }
         for name, (status, request) in cases.items():
             response = httpx.post(url, headers={**key, "Content-Type": "application/json"}, **request)
@@ -238,7 +261,15 @@ def test_api_key_and_bad_requests_get_status_codes(stories: Path) -> None:
         ok = server.client("sekret").completions.create(model="stories260K", prompt="hi", max_tokens=4,
                                                          temperature=0, extra_body={"speculative": {"enabled": False}})
         assert ok.usage.completion_tokens == 4
-        assert server.metrics(key)['llamaspec_requests_total{path="/v1/completions",status="413"}'] == 1
+        # A decoded path with a quote and a newline is counted as "other": in a label it would
+        # break the /metrics text (and every path a scanner tries would add a counter)
+        assert httpx.get(server.url + "/%22%0Ax", headers=key).status_code == 404
+        assert httpx.get(server.url + "/nothing-here", headers=key).status_code == 404
+        counts = server.metrics(key)
+        assert counts['llamaspec_requests_total{path="/v1/completions",status="413"}'] == 1
+        assert counts['llamaspec_requests_total{path="other",status="404"}'] == 2
+        paths = {re.search(r'path="([^"]*)"', name)[1] for name in counts if name.startswith("llamaspec_requests_total")}
+        assert paths == {"/v1/completions", "/v1/chat/completions", "/metrics", "/health", "other"}
     finally:
         server.stop()
 

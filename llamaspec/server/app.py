@@ -19,9 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..decoder import Decoder
 from ..errors import LlamaSpecError
-from ..openai_api import speculative_options
+from ..openai_api import StopStrings, include_usage, request_sampling, speculative_options
 from .metrics import metrics_text
-from .schemas import ApiError, ChatBody, CompletionBody, GenerationBody, error_body
+from .schemas import ApiError, ChatBody, CompletionBody, GenerationBody, error_body, refuse_unsupported
 from .slots import Engine, Metrics, SlotPool
 
 MAX_BODY_BYTES = 1 << 20
@@ -36,10 +36,13 @@ class ServerConfig:
 
 class Guard:
     """ASGI middleware: authentication and the body size limit before any handler runs,
-    and the per-path request counters. (Plain ASGI, so streams and disconnects pass through.)"""
+    and the per-path request counters. (Plain ASGI, so streams and disconnects pass through.)
+    Requests for any path but the app's `paths` are counted as "other": a scanner's paths
+    would add a counter each, and a decoded path may hold quotes and newlines that break
+    the /metrics text."""
 
-    def __init__(self, app: Any, config: ServerConfig, metrics: Metrics):
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app: Any, config: ServerConfig, metrics: Metrics, paths: frozenset[str]):
+        self.app, self.config, self.metrics, self.paths = app, config, metrics, paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -65,15 +68,13 @@ class Guard:
         else:
             await self.app(scope, receive, send_and_note)
         finally:
-            self.metrics.count_request(scope["path"], status)
+            self.metrics.count_request(scope["path"] if scope["path"] in self.paths else "other", status)
 
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
     metrics = engine.metrics
-
-    app.add_middleware(Guard, config=config, metrics=metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -113,8 +114,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         if body.n != 1:
             raise ApiError(400, "only n=1 is supported", param="n")
         options = body.options()
-        try:
+        try:  # checked here, so that a stream answers 400 rather than 200 and an error event
             speculative_options(options.get("speculative"))
+            request_sampling(options)
+            StopStrings(options.get("stop"))
+            include_usage(options.get("stream_options"))
             prompt, create = prepare(body, decoder)
         except LlamaSpecError as exc:
             raise ApiError(400, str(exc)) from None
@@ -165,6 +169,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
         return await generation(request, ChatBody, prepare)
 
+    app.add_middleware(Guard, config=config, metrics=metrics, paths=frozenset(route.path for route in app.routes))
     return app
 
 
@@ -190,6 +195,7 @@ async def _read_body(request: Request, body_type: type[GenerationBody], limit: i
         raise ApiError(400, f"malformed JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    refuse_unsupported(payload)
     try:
         return body_type.model_validate(payload)
     except ValidationError as exc:

@@ -25,6 +25,21 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
+# OpenAI fields that would change the answer and that llamaspec does not implement, with the
+# values that leave it unchanged: any other value is refused (400), not silently ignored.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
+    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1),
+    "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"}),
+}
+
+
+def refuse_unsupported(payload: dict[str, Any]) -> None:
+    for name, no_op in UNSUPPORTED.items():
+        if payload.get(name) not in no_op:
+            raise ApiError(400, f"{name} is not supported by this server", param=name)
+
+
 class GenerationBody(BaseModel):
     """The fields /v1/completions and /v1/chat/completions share."""
 
@@ -32,14 +47,16 @@ class GenerationBody(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=0)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, gt=0.0)
+    # Sampling values' ranges are SamplingParams' (openai_api.request_sampling), checked before a slot runs.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     n: int = 1
     speculative: dict[str, Any] | None = None
 
