@@ -215,12 +215,19 @@ def print_table(report: dict) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # a log file keeps every column
 
 
-def plot(report: dict, path: Path) -> None:
-    """Speedup per prompt (coloured by category) and the accept-count histogram."""
+def check_plot() -> None:
+    """Checked before the run: --plot needs the optional matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise LlamaSpecError("--plot needs matplotlib: pip install 'llamaspec[plot]'") from None
+
+
+def plot(report: dict, path: Path) -> None:
+    """Speedup per prompt (coloured by category) and the accept-count histogram."""
+    check_plot()
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -98,9 +98,10 @@ class ChatSession:
         return "".join(self.send(text))
 
     def reset(self) -> None:
-        """Forget the conversation (the system prompt stays) and both KV caches."""
+        """Forget the conversation (the system prompt stays): both KV caches, and the drafter's
+        own memory of it (the suffix drafter's earlier turns, learned acceptance)."""
         self.history.clear()
-        self._reset_caches()
+        self.decoder.reset()
 
     def _reset_caches(self) -> None:
         self.decoder.target.reset()
@@ -109,12 +110,15 @@ class ChatSession:
 
     def _fit(self, user: Message) -> tuple[list[int], int]:
         """Prompt tokens for the next turn and how many leading history messages to drop so
-        that the prompt plus max_tokens fits in the target's context."""
+        that the prompt leaves room for an answer: max_tokens, or half the context if that
+        is less (a max_tokens as large as the context would otherwise drop all history
+        every turn; an answer that outgrows its room stops when the context is full)."""
         n_ctx = self.decoder.target.n_ctx
+        room = min(self.max_tokens, n_ctx // 2)
         dropped = 0
         while True:
             prompt = self.decoder.chat_tokens([*self.system, *self.history[dropped:], user])
-            if len(prompt) + self.max_tokens <= n_ctx or dropped == len(self.history):
+            if len(prompt) + room <= n_ctx or dropped == len(self.history):
                 break
             dropped = min(dropped + 2, len(self.history))  # a user message and its answer
         if len(prompt) >= n_ctx:

@@ -17,8 +17,8 @@ from .chat_cli import chat_command
 from .cli_common import (
     CtxOpt, TargetRpcOpt, Verify, DraftOpt, Drafter, DrafterOpt, FlashAttn, FlashOpt, GpuOpt, KOpt, MinPOpt, RepackOpt,
     RepeatPenaltyOpt, SeedOpt, StrictOpt, TargetOpt, TemperatureOpt, ThreadsOpt, TopKOpt, TopPOpt, VerifyOpt,
-    _progress_fetch, fail, friendly, huge_pages_opt, model_options, parse_k, resolve_model, resolve_pair, run_app,
-    sampling_params,
+    _progress_fetch, check_output, fail, friendly, huge_pages_opt, model_options, parse_k, resolve_model, resolve_pair,
+    run_app, sampling_params,
 )
 from .errors import LlamaSpecError
 
@@ -119,11 +119,15 @@ def bench(
 ) -> None:
     """Plain vs speculative, alternating in one process over a prompt suite (sampled with
     --temperature > 0: timed only, one seed per prompt for both modes)."""
-    from .bench import BenchConfig, load_prompts, plot, print_table, run_bench
+    from .bench import BenchConfig, check_plot, load_prompts, plot, print_table, run_bench
 
     k_value = parse_k(k)
     if max_tokens <= 0:
         raise LlamaSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
+    check_output(json_out, "--json")
+    check_output(plot_out, "--plot")
+    if plot_out:
+        check_plot()
     selected = load_prompts(prompts, category, limit)
     options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc, huge_pages=huge_pages)
     target_path, draft_path = resolve_pair(target, draft, drafter)
@@ -170,6 +174,7 @@ def audit(
         raise LlamaSpecError(f"--batch-max must be at least 2, got {batch_max}")
     if max_tokens < batch_max + 1:
         raise LlamaSpecError(f"--max-tokens must exceed --batch-max, got {max_tokens}")
+    check_output(json_out, "--json")
     options = model_options(ctx, threads, gpu_layers, flash_attn, repack, target_rpc=target_rpc, huge_pages=huge_pages)
     with Model(resolve_model(target or registry.DEFAULT_TARGET), options) as model:
         from .chat import ChatFormat

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -52,10 +53,25 @@ def friendly(command: F) -> F:
         except KeyboardInterrupt:
             typer.echo("", err=True)
             raise fail("interrupted", 130) from None
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+            raise typer.Exit(141) from None  # what a shell reports for a command SIGPIPE ended
         except OSError as exc:
             raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_output(path: Optional[Path], flag: str) -> None:
+    """Refuse an output file that cannot be written before a long run, not after it."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise LlamaSpecError(f"{flag} {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise LlamaSpecError(f"{flag} {path}: the directory {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise LlamaSpecError(f"{flag} {path}: not writable")
 
 
 class FlashAttn(str, Enum):

@@ -20,7 +20,10 @@ def load_prompts(path: Path | None = None, categories: list[str] | None = None,
     else:
         if not path.is_file():
             raise LlamaSpecError(f"prompts file not found: {path}")
-        text, where = path.read_text(encoding="utf-8"), str(path)
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as exc:
+            raise LlamaSpecError(f"{path} is not UTF-8 text (byte {exc.start}); prompts are JSON lines") from None
     prompts, seen = [], set()
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -74,6 +74,16 @@ def test_bench_bad_prompts_file(stories, tmp_path):
     bad.write_text('{"id": "a", "category": "code"}\n')
     result = run_cli("bench", "--target", stories, "--draft", stories, "--prompts", bad)
     assert_one_error_line(result, "line 1")
+    bad.write_bytes(b'{"id": "a", "category": "code", "prompt": "caf\xe9"}\n')  # Latin-1, not UTF-8
+    assert_one_error_line(run_cli("bench", "--target", stories, "--prompts", bad), "is not UTF-8 text (byte 46)")
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_run(stories, tmp_path):
+    for command in (["bench", "--target", stories], ["audit", "--target", stories]):
+        result = run_cli(*command, "--json", tmp_path / "no-such-dir" / "b.json")
+        assert_one_error_line(result, "--json")
+        assert "does not exist" in result.stderr and "prompt" not in result.stderr  # nothing ran
+    assert_one_error_line(run_cli("bench", "--target", stories, "--plot", tmp_path), "is a directory")
 
 
 @pytest.mark.parametrize("flags,expected", [

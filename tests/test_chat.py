@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Iterator
 
+import numpy as np
 import pexpect
 import pytest
 from conftest import REPO, assert_one_error_line
@@ -20,7 +21,7 @@ from llamaspec import models as registry
 from llamaspec.chat_session import ChatSession
 from llamaspec.decoder import SpeculativeDecoder
 from llamaspec.drafters import common_prefix_len
-from llamaspec.errors import ContextFullError
+from llamaspec.errors import ContextFullError, LlamaSpecError
 from llamaspec.llama import ModelOptions
 from llamaspec.openai_api import StopStrings
 from llamaspec.text import TextStream
@@ -256,6 +257,19 @@ def test_context_overflow_drops_oldest_exchanges_keeps_system(decoder):
     assert users == asked[-len(users):] and len(session.history) == 2 * len(users)
 
 
+def test_max_tokens_as_large_as_the_context_keeps_the_history_that_fits(decoder):
+    """Room is kept for max_tokens or half the context, whichever is less: reserving all of
+    it would drop every earlier message before each turn."""
+    session = ChatSession(decoder, max_tokens=16)  # a short first answer, then the whole context
+    first = session.send("Tell me a story.")
+    assert "".join(first) and first.stats.n_generated > 0
+    session.max_tokens = decoder.target.n_ctx
+    second = session.send("And then?")
+    list(second)
+    assert second.dropped == 0 and session.history[0] == {"role": "user", "content": "Tell me a story."}
+    assert second.n_prompt > first.n_prompt + first.stats.n_generated  # the first exchange is in the prompt
+
+
 def test_paste_longer_than_the_context_is_a_message(decoder):
     session = ChatSession(decoder, max_tokens=16)
     session.ask("Hello")
@@ -269,9 +283,11 @@ def test_paste_longer_than_the_context_is_a_message(decoder):
 def test_reset_keeps_the_system_prompt_and_empties_the_caches(decoder):
     session = ChatSession(decoder, system="You tell stories.", max_tokens=8)
     session.ask("Hi")
+    drafter = decoder.drafter
     session.reset()
     assert session.messages == [{"role": "system", "content": "You tell stories."}]
     assert decoder.target.tokens == [] and decoder.draft_model.tokens == []
+    assert decoder.drafter is not drafter  # no memory of the conversation (suffix trie, acceptance)
     turn = session.send("Hi")
     list(turn)
     assert turn.stats.n_prompt_evaluated == turn.n_prompt
@@ -405,6 +421,33 @@ def test_stop_strings_hold_back_only_possible_starts(pieces, stop, expected):
     stops = StopStrings(stop)
     assert [stops.push(piece) for piece in pieces] == expected
     assert stops.flush() == ""
+
+
+def test_a_prompt_longer_than_the_context_without_max_tokens_is_a_context_error(decoder):
+    """max_tokens=None means "until the context is full"; a prompt past it is a full context
+    (before: a negative max_tokens)."""
+    with pytest.raises(ContextFullError, match="the prompt has 802 tokens but the context holds 256"):
+        decoder.create_completion("Once upon a time " * 200, max_tokens=None)
+
+
+def test_stop_strings_hold_back_the_longest_possible_start_and_are_capped():
+    """Held back: the longest end of the text that begins a stop string (here brute force over
+    every split, on random text of a small alphabet where partial matches are common)."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        stops = ["".join(rng.choice(list("abc"), rng.integers(1, 7))) for _ in range(rng.integers(1, 4))]
+        text = "".join(rng.choice(list("abc"), rng.integers(0, 12)))
+        if any(stop in text for stop in stops):
+            continue
+        want = max(n for n in range(len(text) + 1) for stop in stops
+                   if n < len(stop) and stop.startswith(text[len(text) - n:]))
+        held = StopStrings(stops)
+        assert held.push(text) == text[: len(text) - want] and held.flush() == text[len(text) - want:], (stops, text)
+    with pytest.raises(LlamaSpecError, match="at most 16 stop strings"):
+        StopStrings([str(i) for i in range(17)])
+    with pytest.raises(LlamaSpecError, match="at most 256 characters, got one of 257"):
+        StopStrings("x" * 257)
+    StopStrings(["x" * 256] * 16)
 
 
 def test_create_chat_completion_matches_llama_cpp_and_generate(decoder, llama_cpp_reference):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import assert_one_error_line, run_cli
@@ -30,6 +32,18 @@ def test_generate_streams_text(stories):
     result = run_cli("generate", PROMPT, "--target", stories, "--max-tokens", "16")
     assert result.returncode == 0 and result.stdout.strip()
     assert "tok/s" in result.stderr
+
+
+def test_a_reader_that_leaves_early_ends_generate_quietly(stories):
+    """`llamaspec generate ... | head -c 20`: the closed pipe stops the command with a shell's
+    SIGPIPE status and nothing on stderr (no error line, no "Exception ignored" at exit)."""
+    process = subprocess.Popen([sys.executable, "-m", "llamaspec.cli", "generate", PROMPT, "--target", str(stories),
+                                "--max-tokens", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(20)
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(120) == 141 and stderr == "", (process.returncode, stderr)
 
 
 def test_missing_file():
