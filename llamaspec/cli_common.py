@@ -54,7 +54,10 @@ def friendly(command: F) -> F:
             typer.echo("", err=True)
             raise fail("interrupted", 130) from None
         except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other tools do
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+            try:  # the exit's flush of stdout would fail again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # a stdout without a descriptor (run in-process)
+                pass
             raise typer.Exit(141) from None  # what a shell reports for a command SIGPIPE ended
         except OSError as exc:
             raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None

@@ -165,11 +165,12 @@ def _text_response(run: _Completion, head: Chunk) -> Chunk:
             "usage": run.usage(), "speculative": run.speculative()}
 
 
-def request_sampling(options: Mapping[str, Any]) -> SamplingParams:
-    """The sampling fields a request set, on SamplingParams' defaults: a bad value raises
-    LlamaSpecError (the server checks them before a stream begins)."""
+def check_sampling(options: Mapping[str, Any]) -> None:
+    """Raise LlamaSpecError for a bad sampling value a request set (the server checks them before
+    a stream begins). Each value is checked alone, so SamplingParams' defaults stand in for the
+    rest; they are not the defaults a completion runs with."""
     fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
-    return SamplingParams(**{key: options[key] for key in fields if key in options})
+    SamplingParams(**{key: options[key] for key in fields if key in options})
 
 
 def _sampling(temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float,

@@ -36,11 +36,12 @@ def test_generate_streams_text(stories):
 
 def test_a_reader_that_leaves_early_ends_generate_quietly(stories):
     """`llamaspec generate ... | head -c 20`: the closed pipe stops the command with a shell's
-    SIGPIPE status and nothing on stderr (no error line, no "Exception ignored" at exit)."""
+    SIGPIPE status and nothing on stderr (no error line, no "Exception ignored" at exit). The
+    reader leaves before the first piece is written: after it, a short story could fit in the
+    pipe's buffer and end before the reader leaves."""
     process = subprocess.Popen([sys.executable, "-m", "llamaspec.cli", "generate", PROMPT, "--target", str(stories),
                                 "--max-tokens", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout is not None and process.stderr is not None
-    assert process.stdout.read(20)
     process.stdout.close()
     stderr = process.stderr.read().decode()
     assert process.wait(120) == 141 and stderr == "", (process.returncode, stderr)

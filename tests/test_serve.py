@@ -132,6 +132,8 @@ def test_openai_client_completions_and_chat_equal_generate(stories_server: Serve
         client.completions.create(model="stories260K", prompt="hi", max_tokens=4, logprobs=2)
     assert client.completions.create(model="stories260K", prompt="hi", max_tokens=4, presence_penalty=0,
                                      temperature=0).usage.completion_tokens == 4
+    assert client.chat.completions.create(model="stories260K", messages=messages, max_tokens=4, logprobs=False,
+                                          temperature=0).usage.completion_tokens == 4
 
 
 def _divergence_is_tie(stories: Path, truncated_draft: Path, prompt: str, text: str) -> tuple[bool, str]:
@@ -249,6 +251,7 @@ def test_api_key_and_bad_requests_get_status_codes(stories: Path) -> None:
             "include_usage not a bool": (400, {"json": {"prompt": "hi", "stream": True,
                                                         "stream_options": {"include_usage": "yes"}}}),
             "tools": (400, {"json": {"prompt": "hi", "tools": [{"type": "function"}]}}),
+            "logprobs 0 (the chosen token's)": (400, {"json": {"prompt": "hi", "logprobs": 0}}),
             "JSON mode": (400, {"json": {"prompt": "hi", "response_format": {"type": "json_object"}}}),
         }
         for name, (status, request) in cases.items():

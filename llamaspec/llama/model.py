@@ -392,7 +392,8 @@ class Model:
 
         Attention caches cut the tail directly. Recurrent/hybrid caches can't
         (llama_memory_seq_rm returns False): restore the newest snapshot taken at or before
-        n_keep and re-decode the kept tokens after it (sequence 0 only).
+        n_keep and re-decode the kept tokens after it, or all of them when no snapshot is that
+        old (sequence 0 only).
         """
         tokens = self.seq_tokens[seq]
         if not 0 <= n_keep <= len(tokens):

@@ -1,7 +1,8 @@
 """Saved sequence states, for caches that cannot cut a sequence at any position.
 
 Recurrent and hybrid models (llama_memory_seq_rm refuses a partial removal) roll back by
-restoring the newest state saved at or before the kept length and re-decoding the rest.
+restoring the newest state saved at or before the kept length and re-decoding the rest; with
+none that old, from an empty sequence.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class StateSnapshots:
         """Load the newest state of at most n_keep tokens; returns its length (the caller
         re-decodes the tokens after it). With none that old (a rollback past the last few
         steps: a chat turn that rewrites history), the sequence starts empty and the caller
-        re-decodes all n_keep tokens: slow, but the same cache."""
+        re-decodes all n_keep tokens: slow, but the same tokens in the cache."""
         usable = [s for s in self._saved if s[0] <= n_keep]
         ll.llama_memory_seq_rm(self._memory, self._seq, -1, -1)
         if not usable:

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..decoder import Decoder
 from ..errors import LlamaSpecError
-from ..openai_api import StopStrings, include_usage, request_sampling, speculative_options
+from ..openai_api import StopStrings, check_sampling, include_usage, speculative_options
 from .metrics import metrics_text
 from .schemas import ApiError, ChatBody, CompletionBody, GenerationBody, error_body, refuse_unsupported
 from .slots import Engine, Metrics, SlotPool
@@ -116,7 +116,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         options = body.options()
         try:  # checked here, so that a stream answers 400 rather than 200 and an error event
             speculative_options(options.get("speculative"))
-            request_sampling(options)
+            check_sampling(options)
             StopStrings(options.get("stop"))
             include_usage(options.get("stream_options"))
             prompt, create = prepare(body, decoder)

@@ -26,28 +26,31 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 # OpenAI fields that would change the answer and that llamaspec does not implement, with the
-# values that leave it unchanged: any other value is refused (400), not silently ignored.
+# values (besides null) that leave it unchanged: any other value is refused (400), not silently
+# ignored. Compared with their types: `logprobs: 0` asks a completion for the chosen token's
+# log-probability, while chat's `logprobs: false` asks for nothing.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
-    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1),
-    "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"}),
+    "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "best_of": (1,), "tools": ([],),
+    "functions": ([],), "response_format": ({"type": "text"},),
 }
 
 
 def refuse_unsupported(payload: dict[str, Any]) -> None:
     for name, no_op in UNSUPPORTED.items():
-        if payload.get(name) not in no_op:
+        value = payload.get(name)
+        if value is not None and not any(type(value) is type(v) and value == v for v in no_op):
             raise ApiError(400, f"{name} is not supported by this server", param=name)
 
 
 class GenerationBody(BaseModel):
     """The fields /v1/completions and /v1/chat/completions share."""
 
-    model_config = ConfigDict(extra="ignore")  # OpenAI fields we do not implement are ignored
+    model_config = ConfigDict(extra="ignore")  # other fields: ignored (UNSUPPORTED's are refused before)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=0)
-    # Sampling values' ranges are SamplingParams' (openai_api.request_sampling), checked before a slot runs.
+    # Sampling values' ranges are SamplingParams' (openai_api.check_sampling), checked before a slot runs.
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
