@@ -30,7 +30,7 @@ from conftest import STORY_PROMPTS, assert_one_error_line, run_cli
 from llamaspec import ModelOptions, SpeculativeDecoder
 from llamaspec.server import Engine, Metrics, ServerConfig, create_app
 from llamaspec.stats import GenerationStats
-from llamaspec.server.supervisor import _listen
+from llamaspec.server.supervisor import _bind
 
 TIE = 0.01  # a top-2 logit gap this small is a floating-point tie between batch shapes
 MAX_TOKENS = 48
@@ -277,16 +277,20 @@ def test_api_key_and_bad_requests_get_status_codes(stories: Path) -> None:
         server.stop()
 
 
-def test_serve_bad_flags_exit_with_one_line(stories: Path) -> None:
+def test_serve_bad_flags_exit_with_one_line(stories: Path, tmp_path: Path) -> None:
     for args, expected in ((["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel"), (["--k", "0"], "--k"),
                            (["--port", "http"], "Invalid value for '--port'")):
         assert_one_error_line(run_cli("serve", "--target", stories, *args), expected)
     server = Server("--target", stories, "--parallel", "1")
     try:
         port = server.url.rsplit(":", 1)[1]
-        result = run_cli("serve", "--target", stories, "--port", port)
-        assert result.returncode != 0
-        assert result.stderr.strip().splitlines()[-1].startswith("error: cannot listen"), result.stderr
+        assert_one_error_line(run_cli("serve", "--target", stories, "--port", port), "cannot listen on")
+        # The port is bound before the models load: a port in use is the error even when the
+        # target could not load (it would be "not a GGUF file" had the models loaded first).
+        corrupt = tmp_path / "corrupt.gguf"
+        corrupt.write_bytes(b"not a model")
+        assert_one_error_line(run_cli("serve", "--target", corrupt, "--port", port), "cannot listen on")
+        assert_one_error_line(run_cli("serve", "--target", corrupt, "--port", "0"), "not a GGUF file")
     finally:
         server.stop()
 
@@ -315,6 +319,13 @@ def test_slot_policies_price_the_round_of_every_busy_slot(stories: Path, truncat
     decoder.close()
 
 
+def listener() -> socket.socket:
+    """A socket made as the server makes its own (TCP_NODELAY on its connections), listening."""
+    sock = _bind("127.0.0.1", 0)
+    sock.listen()
+    return sock
+
+
 @contextmanager
 def in_process_server(stories: Path, truncated_draft: Path) -> Iterator[tuple[str, Engine, SpeculativeDecoder]]:
     """A one-slot server in this process (url, engine, decoder), so a test can hold or break
@@ -324,7 +335,7 @@ def in_process_server(stories: Path, truncated_draft: Path) -> Iterator[tuple[st
     engine.start(decoder)
     assert engine.pool is not None
     server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig("stories260K")), log_level="warning"))
-    sock = _listen("127.0.0.1", 0)  # the server's own listener (TCP_NODELAY on its connections)
+    sock = listener()
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     serving.start()
     try:
@@ -417,7 +428,8 @@ def test_a_failing_request_and_cleanup_still_answer_and_free_the_slot(stories: P
         answer = httpx.post(url + "/v1/completions", json=COMPLETION, timeout=60)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] == 8
-        assert parse_metrics(httpx.get(url + "/metrics").text)['llamaspec_requests_total{path="/v1/completions",status="500"}'] == 1
+        counts = parse_metrics(httpx.get(url + "/metrics").text)
+        assert counts['llamaspec_requests_total{path="/v1/completions",status="500"}'] == 1
 
 
 def test_listener_declares_tcp_so_connections_get_nodelay() -> None:
@@ -427,8 +439,8 @@ def test_listener_declares_tcp_so_connections_get_nodelay() -> None:
     the control: the same call leaves Nagle on there."""
     import asyncio.base_events
 
-    def nodelay_after_accept(listener: socket.socket) -> int:
-        with listener, socket.create_connection(listener.getsockname()), listener.accept()[0] as accepted:
+    def nodelay_after_accept(sock: socket.socket) -> int:
+        with sock, socket.create_connection(sock.getsockname()), sock.accept()[0] as accepted:
             asyncio.base_events._set_nodelay(accepted)
             return accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
@@ -436,7 +448,7 @@ def test_listener_declares_tcp_so_connections_get_nodelay() -> None:
     plain.bind(("127.0.0.1", 0))
     plain.listen()
     assert nodelay_after_accept(plain) == 0
-    assert nodelay_after_accept(_listen("127.0.0.1", 0)) != 0
+    assert nodelay_after_accept(listener()) != 0
 
 
 def test_metrics_counters_lose_no_update_across_threads() -> None:

@@ -22,11 +22,14 @@ from .schemas import ApiError
 from .slots import Engine
 
 _RESTART_ENV = "LLAMASPEC_SERVE_RESTART"  # set for the process image that replaces a broken one
+_BACKLOG = 2048
 
 
 def serve(load: Callable[[], SpeculativeDecoder], *, host: str, port: int, n_slots: int, n_ctx: int,
           model_id: str, api_key: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-    """Load the models, bind (errors: one line, not a log), print where, serve until Ctrl-C.
+    """Bind, load the models, listen, print where, serve until Ctrl-C (errors: one line, not a
+    log). The port is bound first, so a port in use fails at once, not after the models load;
+    it listens only once they are loaded, so until then a connection is refused, not queued.
 
     A lost RPC server leaves llama.cpp no way back inside this process, so the server then
     answers its running and queued requests with an error, and replaces itself in place
@@ -37,13 +40,14 @@ def serve(load: Callable[[], SpeculativeDecoder], *, host: str, port: int, n_slo
 
     restart = os.environ.pop(_RESTART_ENV, None)
     if restart is None:
+        sock = _bind(host, port)
         engine = Engine(n_slots, n_ctx)
-        engine.start(load())
         try:
-            sock = _listen(host, port)
-        except LlamaSpecError:
-            engine.decoder.close()  # type: ignore[union-attr]
+            engine.start(load())
+        except BaseException:
+            sock.close()
             raise
+        sock.listen(_BACKLOG)  # before "serving ... on" is printed: from then on connections queue
         print(f"llamaspec: serving {model_id} on http://{host}:{sock.getsockname()[1]}/v1 with {n_slots} slot(s)",
               file=sys.stderr, flush=True)
     else:
@@ -72,7 +76,7 @@ def serve(load: Callable[[], SpeculativeDecoder], *, host: str, port: int, n_slo
     print("llamaspec: server stopped", file=sys.stderr, flush=True)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the listener
     # says TCP, and without it every response after the first on a keep-alive connection (an SSE
@@ -81,7 +85,6 @@ def _listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(2048)  # before "serving ... on" is printed: from then on connections queue, none is refused
     except OSError as exc:
         sock.close()
         raise LlamaSpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
