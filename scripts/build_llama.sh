@@ -42,15 +42,20 @@ if [[ -z "${LLAMASPEC_REBUILD:-}" && -f "$MARKER" && "$(cat "$MARKER")" == "$sta
   exit 0
 fi
 
+need() { command -v "$1" >/dev/null || { echo "error: $1 not found: $2" >&2; exit 1; }; }
+[[ ${#patches[@]} -eq 0 ]] || need patch "the patches need it (apt install patch)"
+need "${CXX:-c++}" "llama.cpp needs a C++ compiler (apt install g++, or set CXX)"
+
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "error: $1 (log: $LOG)" >&2; exit 1; }
 : > "$LOG"
-"$VENV/bin/python" -m pip download -q --no-cache-dir --no-binary :all: --no-deps -d "$work" \
+"$VENV/bin/python" -m pip download -q --no-cache-dir --no-binary llama-cpp-python --no-deps -d "$work" \
     "llama-cpp-python==$VERSION" >>"$LOG" 2>&1 || fail "downloading the llama-cpp-python $VERSION sdist failed"
 tar xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
 src="$work/llama_cpp_python-$VERSION"
-for p in "${patches[@]}"; do
+# ${a[@]+...}: bash 3.2 (macOS) calls an empty array unbound under set -u
+for p in ${patches[@]+"${patches[@]}"}; do
   patch -d "$src" -p1 --forward --batch < "$p" >>"$LOG" 2>&1 || \
     fail "cpp_patches/$(basename "$p") does not apply to llama-cpp-python $VERSION"
 done

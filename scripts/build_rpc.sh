@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build what llamaspec needs to put a target model on llama.cpp RPC servers:
-#   1. llama-cpp-python 0.3.36 in the venv, with GGML_RPC=ON (the RPC client), rebuilt only
-#      when llama_supports_rpc() says the installed one lacks it; same AMX-safe CPU flags as
-#      scripts/install.sh (scripts/cpu_cmake_args.sh);
+#   1. llama-cpp-python 0.3.36 in the venv, with GGML_RPC=ON (the RPC client): scripts/install.sh
+#      builds it so (scripts/cpu_cmake_args.sh); when llama_supports_rpc() says the installed one
+#      lacks it, it is rebuilt by scripts/build_llama.sh, patched as install.sh would;
 #   2. llama.cpp's rpc-server from the same sdist, at .rpc/bin/rpc-server.
 #
 # Default: rpc-server is compiled from the sdist's tools/rpc/rpc-server.cpp and linked against
@@ -32,7 +32,9 @@ for arg in "$@"; do
   esac
 done
 [[ -x "$PY" ]] || { echo "build_rpc.sh: no Python at $PY: run scripts/install.sh first (or set PYTHON)" >&2; exit 1; }
-CMAKE_FLAGS="$(scripts/cpu_cmake_args.sh) -DGGML_RPC=ON"
+CMAKE_FLAGS="$(scripts/cpu_cmake_args.sh)"
+SO=so
+[[ "$(uname -s)" == Darwin ]] && SO=dylib
 
 probe() {  # prints "<version> <rpc 0|1> <lib dir>"
   "$PY" - <<'EOF'
@@ -45,10 +47,10 @@ EOF
 # 1. the RPC client: llama-cpp-python with GGML_RPC=ON
 read -r have rpc libdir < <(probe 2>/dev/null || echo "none 0 -")
 if [[ "$have" != "$VERSION" || "$rpc" != 1 ]]; then
-  echo "build_rpc.sh: building llama-cpp-python $VERSION with GGML_RPC=ON (several minutes)..." >&2
-  CMAKE_ARGS="$CMAKE_FLAGS" "$PY" -m pip install --no-cache-dir --force-reinstall --no-deps \
-    --no-binary llama-cpp-python "llama-cpp-python==$VERSION"
-  read -r have rpc libdir < <(probe)
+  echo "build_rpc.sh: llama-cpp-python $VERSION lacks RPC support; rebuilding it (several minutes)..." >&2
+  LLAMASPEC_REBUILD=1 VENV="$("$PY" -c 'import sys; print(sys.prefix)')" scripts/build_llama.sh
+  probed=$(probe) || { echo "build_rpc.sh: llama_cpp does not import after the rebuild" >&2; exit 1; }
+  read -r have rpc libdir <<< "$probed"
   [[ "$rpc" == 1 ]] || { echo "build_rpc.sh: llama-cpp-python still lacks RPC support" >&2; exit 1; }
 else
   echo "build_rpc.sh: llama-cpp-python $VERSION already has RPC support ($libdir)" >&2
@@ -58,13 +60,18 @@ fi
 mkdir -p "$OUT/bin" "$OUT/src"
 SRC=$OUT/src/llama_cpp_python-$VERSION
 if [[ ! -f "$SRC/vendor/llama.cpp/tools/rpc/rpc-server.cpp" ]]; then
-  "$PY" -m pip download --no-binary :all: --no-deps -d "$OUT/src" "llama-cpp-python==$VERSION" >&2
+  "$PY" -m pip download --no-cache-dir --no-binary llama-cpp-python --no-deps -d "$OUT/src" \
+    "llama-cpp-python==$VERSION" >&2
   tar -xzf "$OUT/src/llama_cpp_python-$VERSION.tar.gz" -C "$OUT/src"
 fi
 LLAMA=$SRC/vendor/llama.cpp
 
 # 3. rpc-server, linked against the venv's ggml (stamp: version + hash of that ggml)
-stamp="llama-cpp-python $VERSION sigpipe-ign $(cat "$libdir"/libggml-rpc.so "$libdir"/libggml-base.so | sha256sum | cut -c1-16)"
+for lib in ggml-rpc ggml-base; do
+  [[ -f "$libdir/lib$lib.$SO" ]] || { echo "build_rpc.sh: $libdir/lib$lib.$SO not found" >&2; exit 1; }
+done
+ggml_hash=$(cat "$libdir/libggml-rpc.$SO" "$libdir/libggml-base.$SO" | sha256sum | cut -c1-16)
+stamp="llama-cpp-python $VERSION sigpipe-ign $ggml_hash"
 if [[ -x "$OUT/bin/rpc-server" && "$(cat "$OUT/bin/rpc-server.stamp" 2>/dev/null)" == "$stamp" ]]; then
   echo "build_rpc.sh: $OUT/bin/rpc-server is up to date" >&2
 else

@@ -7,7 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || {
+  echo "error: llamaspec needs Python 3.10 or newer; $PYTHON is not (PYTHON=python3.11 scripts/install.sh)" >&2
+  exit 1
+}
+[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv || \
+  { echo "error: $PYTHON could not create a venv (on Debian/Ubuntu: apt install python3-venv)" >&2; exit 1; }
 .venv/bin/python -m pip install -q --upgrade pip wheel
 VENV="$PWD/.venv" scripts/build_llama.sh
 .venv/bin/python -m pip install -q -e ".[test,plot]"
