@@ -146,15 +146,27 @@ class AuditReport:
 
     def _verify_sentence(self) -> str:
         exact = self.bit_exact_sizes()
-        inexact = [b for b in sorted(self.batches) if b not in exact]
-        if not inexact:
+        untested = [b for b, c in sorted(self.batches.items()) if c.rows_compared == 0]
+        inexact = [b for b in sorted(self.batches) if b not in exact and b not in untested]
+        diverged = [k for k, firsts in sorted(self.speculative.items()) if any(d is not None for d in firsts)]
+        notes = ""
+        if untested:
+            notes += (f" Sizes {', '.join(map(str, untested))} were not tested: every prompt ended first (a "
+                      "longer --max-tokens tests them).")
+        if diverged:  # step 3 ran the loop itself: no row comparison outweighs it
+            notes += (f" Speculative greedy output diverged from plain output at k = {', '.join(map(str, diverged))}"
+                      " (speculative_first_divergence).")
+        if not inexact and not untested:
+            claim = "" if diverged else ": speculative greedy output equals plain output"
             return (f"On {self.model} with this build, every verify size from 2 to {max(self.batches)} "
-                    "is bit-exact: speculative greedy output equals plain output.")
-        worst = max(self.batches[b].max_abs_diff for b in inexact)
-        exact_text = ", ".join(map(str, exact)) if exact else "none"
-        return (f"On {self.model} with this build, verify sizes bit-exact with plain decoding: {exact_text}; "
-                f"sizes {', '.join(map(str, inexact))} differ (max |delta logit| {worst:.3g}), so output can "
-                f"change at near-ties; --strict limits k to {self.max_exact_k()}.")
+                    f"is bit-exact{claim}.{notes}")
+        text = (f"On {self.model} with this build, verify sizes bit-exact with plain decoding: "
+                f"{', '.join(map(str, exact)) if exact else 'none'}")
+        if inexact:
+            worst = max(self.batches[b].max_abs_diff for b in inexact)
+            text += (f"; sizes {', '.join(map(str, inexact))} differ (max |delta logit| {worst:.3g}), so output "
+                     "can change at near-ties")
+        return f"{text}; --strict limits k to {self.max_exact_k()}.{notes}"
 
     def to_dict(self) -> dict:
         return {

@@ -24,7 +24,7 @@ from .decoder import K_MAX, SpeculativeDecoder
 from .errors import LlamaSpecError
 from .llama import ModelOptions, build_id, cpu_kernel_settings, system_info
 from .models import sha256_cached
-from .policy import CostModel
+from .policy import curve_at
 from .prompts import load_prompts  # noqa: F401  (re-exported for the CLI)
 from .reference import ReferenceGreedy
 from .sampling import SamplingParams
@@ -75,6 +75,9 @@ def _summary(records: list[dict]) -> dict:
             "median_speculative_over_oracle": report_median([r["speculative_over_oracle"] for r in items]),
             # sampled runs: None (outputs differ by nature)
             "identical": None if items[0]["identical"] is None else sum(r["identical"] for r in items),
+            # plain decoding against llama-cpp-python's own Llama (--reference); None without it
+            "reference_identical": None if items[0]["reference_identical"] is None
+            else sum(r["reference_identical"] for r in items),
         }
 
     totals: dict[str, list[int]] = {name: [] for name in COUNT_FIELDS}
@@ -104,7 +107,6 @@ def run_bench(config: BenchConfig, prompts: list[dict],
         if decoder.drafter is None:
             raise LlamaSpecError("bench needs a drafter: pass --draft, or --drafter ngram")
         verify_ms = eval_costs(decoder.target, list(range(1, K_MAX + 2)))
-        costs = CostModel(verify_ms, 0.0)
         use_reference = config.reference and greedy
         reference = ReferenceGreedy(config.target, options, decoder.target.is_eog) if use_reference else None
         try:
@@ -126,8 +128,10 @@ def run_bench(config: BenchConfig, prompts: list[dict],
                                                 speculative=speculative))
                     runs[speculative] = (out, decoder.stats.to_dict())
                 (plain, plain_stats), (spec, spec_stats) = runs[False], runs[True]
-                batch = max(1, round(1 + spec_stats["n_drafted"] / max(spec_stats["n_steps"], 1)))
-                oracle_tps = 1000 * batch / costs.verify(batch)
+                # The oracle: every step verifies the mean batch and keeps all of it, drafting free
+                # (the cost curve read between its sizes)
+                batch = 1 + spec_stats["n_drafted"] / max(spec_stats["n_steps"], 1)
+                oracle_tps = 1000 * batch / curve_at(verify_ms, batch)
                 reference_out = reference(tokens, config.max_tokens) if reference else None
                 record = {
                     "id": item["id"],
@@ -139,13 +143,15 @@ def run_bench(config: BenchConfig, prompts: list[dict],
                     "speedup": round(spec_stats["tokens_per_second"] / max(plain_stats["tokens_per_second"], 1e-9), 3),
                     "acceptance_rate": spec_stats["acceptance_rate"],
                     "mean_accepted_per_step": spec_stats["mean_accepted_per_step"],
-                    "mean_verify_batch": batch,
+                    "mean_verify_batch": round(batch, 2),
                     "oracle_tps": round(oracle_tps, 3),
                     "speculative_over_oracle": round(spec_stats["tokens_per_second"] / oracle_tps, 3),
                     "identical": plain == spec if greedy else None,
                     "first_divergence": first_divergence(plain, spec) if greedy else None,
+                    # llama-cpp-python's own Llama against our plain decoding
                     "reference_identical": None if reference_out is None else reference_out == plain,
-                    "reference_first_divergence": None if reference_out is None else first_divergence(reference_out, spec),
+                    "reference_first_divergence": None if reference_out is None else first_divergence(reference_out,
+                                                                                                      plain),
                     "plain": plain_stats,
                     "speculative": spec_stats,
                 }
@@ -212,7 +218,12 @@ def print_table(report: dict) -> None:
                       "-" if block["identical"] is None else f"{block['identical']}/{block['n_prompts']}")
     import sys
 
-    Console(width=None if sys.stdout.isatty() else 160).print(table)  # a log file keeps every column
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a log file keeps every column
+    console.print(table)
+    overall = summary["overall"]
+    if overall["reference_identical"] is not None:
+        console.print(f"plain decoding identical to llama-cpp-python's own greedy decoding (Llama): "
+                      f"{overall['reference_identical']}/{overall['n_prompts']}")
 
 
 def check_plot() -> None:
@@ -243,7 +254,7 @@ def plot(report: dict, path: Path) -> None:
     histogram = report["summary"]["accept_histogram"]
     right.bar(range(len(histogram)), histogram)
     right.set_xticks(range(len(histogram)))
-    right.set_xlabel("draft tokens accepted in a step")
+    right.set_xlabel("draft tokens accepted in a step (0: none, or no draft)")
     right.set_ylabel("steps")
     meta = report["meta"]
     fig.suptitle(f"{Path(meta['target']['path']).name} | drafter {meta['drafter']} k={meta['k']} | "

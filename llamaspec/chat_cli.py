@@ -219,7 +219,7 @@ class ChatApp:
         if stats.n_drafted:
             lines.append(f"drafted {stats.n_drafted} · accepted {stats.n_accepted} ({stats.acceptance_rate:.0%})"
                          f" · {accepted_per_step(stats):.2f} accepted/step in {stats.n_steps} steps")
-            lines.append("accepted per step:")
+            lines.append("accepted per step (0: none accepted, or a step that did not draft):")
             widest = max(stats.accept_histogram, default=0) or 1
             for n_accepted, count in enumerate(stats.accept_histogram):
                 lines.append(f"  {n_accepted:>2} {'█' * round(30 * count / widest):<30} {count}")

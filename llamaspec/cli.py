@@ -187,6 +187,9 @@ def audit(
                       "build_id": build_id(), "kernels": cpu_kernels(), "prompts": len(selected), "max_tokens": max_tokens}
     typer.echo(f"CPU kernels: {report['meta']['kernels']}")
     for size, row in report["batch_sizes"].items():
+        if row["rows_compared"] == 0:
+            typer.echo(f"batch {size:>2}: not tested (every prompt ended first)")
+            continue
         typer.echo(f"batch {size:>2}: {'bit-exact' if row['bit_identical'] else 'differs  '}  "
                    f"max |d| {row['max_abs_diff']:.3g}  argmax flips {row['argmax_flips']}/{row['rows_compared']}  "
                    f"min top-2 margin {row['min_top2_margin']:.3g}")

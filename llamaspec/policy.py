@@ -68,8 +68,8 @@ class MeasuredCurve(Mapping[int, float]):
         return len(self.calibrated)
 
 
-def curve_at(curve: Mapping[int, float], n_tokens: int) -> float:
-    """A cost curve read at any batch size: measured sizes as they are, gaps interpolated,
+def curve_at(curve: Mapping[int, float], n_tokens: float) -> float:
+    """A cost curve read at any batch size (a mean too): measured sizes as they are, gaps interpolated,
     sizes past the largest extrapolated with the slope of the last two measurements."""
     if n_tokens in curve:
         return curve[n_tokens]

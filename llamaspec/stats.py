@@ -51,7 +51,7 @@ class GenerationStats:
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
-        add_counts(self.accept_histogram, [0] * n_accepted + [1])
+        add_counts(self.accept_histogram, [0] * n_accepted + [1])  # bucket 0: steps that drafted nothing too
         add_counts(self.reached_by_position, [1] * min(n_drafted, n_accepted + 1))
         add_counts(self.accepted_by_position, [1] * n_accepted)
         self.draft_s += draft_s
@@ -136,8 +136,9 @@ def position_acceptance(accepted: Sequence[int], reached: Sequence[int]) -> list
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     """(q1, median, q3) of paired ratios, the benchmarks' summary of a comparison that drift
-    would blur in medians taken apart; a single value stands for all three."""
+    would blur in medians taken apart; a single value stands for all three. Inclusive: the
+    quartiles stay within the values (the default method puts them outside for 2 or 3)."""
     if len(values) > 1:
-        q1, median, q3 = statistics.quantiles(values, n=4)
+        q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
         return q1, median, q3
     return values[0], values[0], values[0]

@@ -81,6 +81,21 @@ def test_audit_report_says_whether_batch_1_matches_across_kernels():
     assert "Batch 1 differs between the multi-row and the single-row kernels (max |delta logit| 0.001)" in differs
 
 
+def test_audit_report_names_untested_sizes_and_speculative_divergences():
+    """A size no prompt reached is not called bit-exact nor different, and a divergence the loop
+    itself showed (step 3) is never hidden behind bit-exact rows."""
+    rows = np.zeros((2, 8), dtype=np.float32)
+    exact = BatchComparison()
+    exact.add(rows, rows.copy())
+    untested = AuditReport("m", batches={2: exact, 3: BatchComparison()}, speculative={1: [None]})
+    assert untested.sentence() == ("On m with this build, verify sizes bit-exact with plain decoding: 2; --strict "
+                                   "limits k to 1. Sizes 3 were not tested: every prompt ended first (a longer "
+                                   "--max-tokens tests them).")
+    assert untested.to_dict()["batch_sizes"]["3"]["min_top2_margin"] is None
+    diverged = AuditReport("m", batches={2: exact, 3: exact}, speculative={1: [None, None], 2: [None, 9]}).sentence()
+    assert "equals plain output" not in diverged and "diverged from plain output at k = 2" in diverged
+
+
 def test_audit_on_the_default_build_is_bit_exact_at_every_size(stories):
     with Model(stories, OPTIONS) as model:
         report = run_audit(model, [model.tokenize("The little dog")], 24, 5)

@@ -47,6 +47,8 @@ def test_bench_report_schema(stories, truncated_draft, tmp_path, drafter):
     summary = report["summary"]
     assert summary["overall"]["n_prompts"] == 3 and set(summary["by_category"]) <= {"code", "edit"}
     assert summary["overall"]["identical"] == 3 and summary["divergences"] == []
+    assert summary["overall"]["reference_identical"] == 3
+    assert "identical to llama-cpp-python's own greedy decoding (Llama): 3/3" in result.stdout
     assert sum(summary["accept_histogram"]) == sum(r["speculative"]["n_steps"] for r in report["prompts"])
     first = [(r["speculative"]["accepted_by_position"][:1] or [0])[0] for r in report["prompts"]]
     reached = [(r["speculative"]["reached_by_position"][:1] or [0])[0] for r in report["prompts"]]

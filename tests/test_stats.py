@@ -51,4 +51,5 @@ def test_merging_does_not_alias_the_other_generations_lists():
 
 def test_quartiles_of_paired_ratios():
     assert quartiles([0.97]) == (0.97, 0.97, 0.97)  # one round: the ratio stands for all three
-    assert quartiles([1.0, 1.2, 0.9, 1.1, 1.05]) == (0.95, 1.05, 1.15)
+    assert quartiles([1.0, 1.2, 0.9, 1.1, 1.05]) == (1.0, 1.05, 1.1)
+    assert quartiles([1.0, 2.0]) == (1.25, 1.5, 1.75)  # within the two (exclusive: 0.75 and 2.25)
