@@ -119,7 +119,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             records = []
             for index, item in enumerate(prompts):
                 tokens = encode(item["prompt"])
-                # both modes draw with one seed per prompt: a reproducible suite
+                # both modes draw with one seed per prompt, the base seed plus the prompt's index:
+                # a reproducible suite (without --seed, or with -1, the base is 0)
                 seeded = sampling if greedy else dataclasses.replace(sampling, seed=(sampling.seed or 0) + index)
                 runs: dict[bool, tuple[list[int], dict]] = {}
                 for speculative in ((False, True) if index % 2 == 0 else (True, False)):
@@ -181,7 +182,8 @@ def run_bench(config: BenchConfig, prompts: list[dict],
             "min_draft_prob": config.min_draft_prob,
             "strict": config.strict,
             "strict_note": strict_note,
-            "sampling": dataclasses.asdict(sampling),
+            # the seed: the base of the prompts' seeds (prompt i draws with seed + i)
+            "sampling": {**dataclasses.asdict(sampling), "seed": None if greedy else sampling.seed or 0},
             "verify": "greedy" if greedy else config.verify,
             "build": system_info(),
             "build_id": build_id(),
