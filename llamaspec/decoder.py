@@ -14,6 +14,7 @@ server runs one per slot, on views of shared contexts).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Mapping, Sequence
@@ -98,6 +99,11 @@ class Generation:
     def close(self) -> None:
         """Stop generating (between tokens: the caches hold exactly what they list)."""
         self._tokens.close()  # type: ignore[attr-defined]
+
+    @property
+    def suspended(self) -> bool:
+        """Started and not finished: its tokens sit in the caches, and its end will cut them."""
+        return inspect.getgeneratorstate(self._tokens) == inspect.GEN_SUSPENDED  # type: ignore[arg-type]
 
     def text(self) -> Iterator[str]:
         """The generation as text pieces that never split a UTF-8 character."""
@@ -207,6 +213,10 @@ class Decoder(CompletionMixin):
         `k` lowers this call's longest draft below the decoder's (a per-request limit)."""
         if k is not None and k <= 0:
             raise LlamaSpecError(f"k must be at least 1, got {k}")
+        if self.last is not None and self.last.suspended:
+            # One cache, one generation at a time: an unfinished one ends now, before this one
+            # runs (closed later, its cut of the caches would land under this one's tokens).
+            self.last.close()
         config = self.config
         drafter = self.drafter if speculative else None
         stats = GenerationStats(

@@ -16,6 +16,7 @@ from .errors import LlamaSpecError
 
 _SAMPLE_BLOCK = 1024  # tokens per block of a draw (Sampler.sample)
 _TOP_P_MARGIN = 8.0  # top-p first sorts the tokens within this many nats of the best one
+_NO_WEIGHT = 746.0  # a token further below the best has softmax weight 0, even in float64
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def _top_p_keep(x: np.ndarray, top_p: float) -> np.ndarray:
     of the best logit, widening the margin while their mass falls short. Everything outside
     the margin ranks below everything inside it, so the set is the one a full sort gives.
     (A partition instead of the margin takes milliseconds on a trimmed draft head, whose
-    dropped tokens all share one logit.)
+    dropped tokens all share one logit.) Past _NO_WEIGHT the rest weigh nothing: with -inf
+    logits and a top_p whose target rounding leaves out of reach, widening stops there.
     """
     weights = _exp_shifted(x)
     target = top_p * weights.sum(dtype=np.float64)
@@ -96,7 +98,7 @@ def _top_p_keep(x: np.ndarray, top_p: float) -> np.ndarray:
         part = np.flatnonzero(x >= top - margin)
         ordered = part[np.argsort(-x[part], kind="stable")]
         cumulative = np.cumsum(weights[ordered], dtype=np.float64)
-        if cumulative[-1] >= target or len(part) == len(x):
+        if cumulative[-1] >= target or len(part) == len(x) or margin > _NO_WEIGHT:
             return ordered[: int(np.searchsorted(cumulative, target)) + 1]
         margin *= 2
 

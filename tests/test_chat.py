@@ -219,6 +219,21 @@ def test_each_generation_carries_its_own_stats_and_slot_decoders_share_the_confi
     assert other.stats.n_generated == 0  # a fresh decoder has generated nothing yet
 
 
+def test_a_new_generation_ends_an_unfinished_one_on_the_same_caches(decoder):
+    """Closed after a newer generation started, an unfinished one cut the caches under it and
+    the newer one went on at shifted positions: wrong text, silently. It is now ended (its
+    caches cut) when the newer one is made."""
+    decoder.reset()
+    want = list(decoder.generate(STORY, max_tokens=24))
+    decoder.reset()
+    old = decoder.generate("Hi", max_tokens=24)  # shorter than the newer one's cache: cut by it
+    next(old), next(old)
+    new = decoder.generate(STORY, max_tokens=24)
+    got = [next(new), next(new)]
+    old.close()
+    assert got + list(new) == want and list(old) == []
+
+
 def test_second_turn_evaluates_only_new_tokens_in_both_caches(decoder):
     session = ChatSession(decoder, system="You tell stories.", max_tokens=64)
     first = session.send(STORY)

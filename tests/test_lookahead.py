@@ -141,6 +141,17 @@ def test_right_guesses_are_used_and_reported():
     assert right.observed == [(2, 2), (2, 2)]
 
 
+def test_a_context_with_an_id_the_smaller_draft_lacks_is_not_drafted_on():
+    """The target's ids past the draft's vocabulary (a prompt of raw ids, a padding id sampled):
+    the draft cannot evaluate them, so the step goes undrafted (plain decoding) instead of failing."""
+    narrow = OtherVocab(-4)
+    drafter = DraftModelDrafter(narrow, FixedK(), n_vocab=VOCAB)
+    context = [1, 2, VOCAB - 1, 3]
+    drafter.prefill(context)
+    assert drafter.propose(context, 4, Sampler()).tokens == [] and narrow.batches == []
+    assert drafter.propose([1, 2, 3], 4, Sampler()).tokens  # readable again: drafted
+
+
 @pytest.mark.parametrize("n_prompt, first_batches", [(12, [12 + 3]), (200, [199, 1 + 3])])
 def test_a_long_catch_up_goes_before_the_guesses_without_logits(n_prompt, first_batches):
     """A server slot's draft skips the prompt while drafting does not pay; when it drafts again,
@@ -206,6 +217,7 @@ class OtherVocab(RuleModel):
         self.n_vocab = VOCAB + extra
 
     def eval(self, tokens, all_logits=False):
+        assert max(tokens) < self.n_vocab, "llama.cpp refuses an id past the vocabulary"
         rows = super().eval(tokens, all_logits)
         if self.n_vocab < VOCAB:
             return rows[:, : self.n_vocab]

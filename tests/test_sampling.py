@@ -112,6 +112,24 @@ def test_top_p_equals_a_full_sort(scale, top_p):
     assert p.dtype == np.float64 and abs(p.sum() - 1.0) < 1e-9
 
 
+def test_top_p_just_below_one_stops_widening_past_the_last_weighted_token(monkeypatch):
+    """With -inf logits (a trimmed draft head) and a top_p whose target the rounded sum of the
+    kept weights may never reach, the margin doubled about a thousand times until it overflowed;
+    it now stops once every token with weight is inside, with the full sort's answer."""
+    rng = np.random.default_rng(13)  # a row where it happens (before: 126 widenings)
+    logits = (rng.standard_normal(50_000) * 10).astype(np.float32)
+    logits[rng.integers(0, 50_000, 20_000)] = -np.inf
+    top_p = 0.99999999999999
+    widenings = []
+    flatnonzero = np.flatnonzero
+    monkeypatch.setattr(np, "flatnonzero", lambda a: widenings.append(1) or flatnonzero(a))
+    p = Sampler(SamplingParams(temperature=1.0, top_p=top_p)).probs(logits)
+    monkeypatch.undo()
+    weighted = set(np.flatnonzero(np.exp(logits - logits.max())).tolist())  # float32 weight above 0
+    assert set(np.flatnonzero(p).tolist()) == _top_p_by_full_sort(logits, top_p) & weighted
+    assert len(widenings) <= 12, len(widenings)
+
+
 def test_large_vocabulary_draws_follow_the_distribution_and_skip_zeros():
     # spans many sampling blocks, with whole blocks of zeros and a zero tail
     rng = np.random.default_rng(3)

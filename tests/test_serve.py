@@ -327,10 +327,12 @@ def listener() -> socket.socket:
 
 
 @contextmanager
-def in_process_server(stories: Path, truncated_draft: Path) -> Iterator[tuple[str, Engine, SpeculativeDecoder]]:
+def in_process_server(stories: Path, truncated_draft: Path,
+                      drafter: str = "model") -> Iterator[tuple[str, Engine, SpeculativeDecoder]]:
     """A one-slot server in this process (url, engine, decoder), so a test can hold or break
     what its slot thread calls; stopped, its models freed, on leaving."""
-    decoder = SpeculativeDecoder(stories, truncated_draft, k=3, drafter="model", options=ModelOptions(n_ctx=256))
+    decoder = SpeculativeDecoder(stories, truncated_draft, k=3, drafter=drafter,  # type: ignore[arg-type]
+                                 options=ModelOptions(n_ctx=256))
     engine = Engine(n_slots=1, n_ctx=256)
     engine.start(decoder)
     assert engine.pool is not None
@@ -430,6 +432,18 @@ def test_a_failing_request_and_cleanup_still_answer_and_free_the_slot(stories: P
         assert answer.json()["usage"]["completion_tokens"] == 8
         counts = parse_metrics(httpx.get(url + "/metrics").text)
         assert counts['llamaspec_requests_total{path="/v1/completions",status="500"}'] == 1
+
+
+def test_a_slot_drafts_the_next_request_without_the_last_ones_text(stories: Path, truncated_draft: Path) -> None:
+    """The hybrid drafter's suffix trie learns each request's text; a slot's next request (another
+    client's, maybe) gets a fresh drafter, so no draft, acceptance or timing reflects it."""
+    with in_process_server(stories, truncated_draft, drafter="hybrid") as (url, engine, _decoder):
+        assert engine.pool is not None
+        slot = engine.pool.slots[0]
+        before = slot.decoder.drafter
+        answer = httpx.post(url + "/v1/completions", json=COMPLETION, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert slot.decoder.drafter is not before and slot.views[0].tokens == []
 
 
 def test_listener_declares_tcp_so_connections_get_nodelay() -> None:

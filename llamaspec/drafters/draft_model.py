@@ -35,7 +35,9 @@ class DraftModelDrafter:
     `n_vocab` is the target's vocabulary size, which llama.cpp lets differ from the draft's by
     up to 128 ids (Qwen2.5 7B: 152064, its 0.5B: 151936): the draft's rows are read on the
     target's ids, so it never proposes an id the target lacks, and a sampled draft's
-    distribution lines up with the target's in speculative sampling.
+    distribution lines up with the target's in speculative sampling. A context holding an id
+    the draft lacks (a prompt of raw ids, a padding id sampled) is not drafted on: the draft
+    cannot evaluate it, and on a server its failed decode would fail every slot's round.
     """
 
     def __init__(self, model: KVModel, policy: DraftPolicy | None = None,
@@ -52,7 +54,7 @@ class DraftModelDrafter:
         """The whole prompt (the first step drafts after the first token, which the target
         chose from the prompt's last row), if the policy would draft now: a server's slot
         under load steps plainly, and its draft catches up only when a step drafts."""
-        if not self.policy.pays():
+        if not self.policy.pays() or self._unreadable(prompt):
             return
         n_keep = common_prefix_len(self.model.tokens, prompt)
         self.model.rollback(n_keep)
@@ -80,7 +82,12 @@ class DraftModelDrafter:
             self.on_eval(len(batch), 1000.0 * (time.perf_counter() - started))
         return guesses, rows[len(rows) - len(guesses) - 1:]  # a view: read before the next eval
 
+    def _unreadable(self, tokens: Sequence[int]) -> bool:
+        return self.model.n_vocab < self.n_vocab and max(tokens, default=0) >= self.model.n_vocab
+
     def propose(self, context: Sequence[int], max_k: int, sampler: Sampler) -> Draft:
+        if self._unreadable(context):
+            return Draft()
         model, policy, lookahead = self.model, self.policy, self.lookahead
         history = list(context)
         probs: list[np.ndarray] = []

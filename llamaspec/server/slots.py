@@ -33,8 +33,10 @@ class Slot:
         return cancelled
 
     def clear(self) -> None:
-        for view in self.views:
-            view.reset()
+        """Both sequences out of the caches, and a fresh drafter: the suffix drafter's trie of
+        this request's text would otherwise draft the next client's request (its acceptance
+        and timings a window on another client's text)."""
+        self.decoder.reset()
 
 
 @dataclass
