@@ -103,11 +103,6 @@ class ChatSession:
         self.history.clear()
         self.decoder.reset()
 
-    def _reset_caches(self) -> None:
-        self.decoder.target.reset()
-        if self.decoder.draft_model is not None:
-            self.decoder.draft_model.reset()
-
     def _fit(self, user: Message) -> tuple[list[int], int]:
         """Prompt tokens for the next turn and how many leading history messages to drop so
         that the prompt leaves room for an answer: max_tokens, or half the context if that
@@ -150,7 +145,7 @@ class ChatSession:
             # Stopped inside an evaluation (a hard Ctrl-C, a llama.cpp error): the caches may
             # hold tokens their lists lack, so start the next turn from empty ones.
             turn.interrupted = True
-            self._reset_caches()
+            self.decoder.reset_caches()
             raise
         finally:
             pieces.close()  # type: ignore[attr-defined]

@@ -182,10 +182,15 @@ class Decoder(CompletionMixin):
         (Reusing a cached prefix changes which batches the prompt is evaluated in, and with
         it the floating-point result; comparisons between runs reset first.) The drafter starts
         afresh too: no session history (suffix drafter) or learned acceptance carries over."""
+        self.reset_caches()
+        self.drafter = self._make_drafter()  # the old one's only resource is the draft model, kept
+
+    def reset_caches(self) -> None:
+        """Empty both KV caches, keeping the drafter (a chat after an evaluation was interrupted:
+        the conversation, and the drafter's memory of it, go on)."""
         self.target.reset()
         if self.draft_model is not None:
             self.draft_model.reset()
-        self.drafter = self._make_drafter()  # the old one's only resource is the draft model, kept
 
     def prompt_tokens(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Raw text is tokenized as is (with BOS); `chat=True` wraps it as one user message."""
